@@ -1,0 +1,87 @@
+"""Argument checks shared by the core and the Celery layer.
+
+Each check raises ``TypeError`` or ``ValueError`` naming the parameter, the value given and what
+is accepted, and returns the value in its canonical type.
+"""
+
+from __future__ import annotations
+
+import math
+from urllib.parse import urlsplit
+
+REDIS_SCHEMES = ("redis", "rediss", "unix")
+
+
+def positive_int(param: str, value: object, *, maximum: int | None = None) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{param} must be an int >= 1, got {type(value).__name__} {value!r}")
+    if value < 1 or (maximum is not None and value > maximum):
+        accepted = f"an int from 1 to {maximum}" if maximum is not None else "an int >= 1"
+        raise ValueError(f"{param}={value!r} is not accepted: use {accepted}")
+    return value
+
+
+def positive_seconds(param: str, value: object) -> float:
+    return _seconds(param, value, allow_none=False)
+
+
+def optional_positive_seconds(param: str, value: object) -> float | None:
+    return None if value is None else _seconds(param, value, allow_none=True)
+
+
+def _seconds(param: str, value: object, *, allow_none: bool) -> float:
+    none = " or None" if allow_none else ""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(
+            f"{param} must be a number of seconds > 0{none}, got {type(value).__name__} {value!r}"
+        )
+    if not math.isfinite(value) or value <= 0:
+        raise ValueError(
+            f"{param}={value!r} is not accepted: use a finite number of seconds > 0{none}"
+        )
+    return float(value)
+
+
+def non_negative_seconds(param: str, value: object) -> float:
+    return _non_negative(param, value, allow_none=False)
+
+
+def optional_non_negative_seconds(param: str, value: object) -> float | None:
+    return None if value is None else _non_negative(param, value, allow_none=True)
+
+
+def _non_negative(param: str, value: object, *, allow_none: bool) -> float:
+    none = " or None" if allow_none else ""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(
+            f"{param} must be a number of seconds >= 0{none}, got {type(value).__name__} {value!r}"
+        )
+    if not math.isfinite(value) or value < 0:
+        raise ValueError(
+            f"{param}={value!r} is not accepted: use a finite number of seconds >= 0{none}"
+        )
+    return float(value)
+
+
+def name(param: str, value: object) -> str:
+    if not isinstance(value, str):
+        raise TypeError(f"{param} must be a non-empty str, got {type(value).__name__} {value!r}")
+    if not value:
+        raise ValueError(f"{param}={value!r} is not accepted: use a non-empty string")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError(
+            f"{param}={value!r} is not accepted: it must be encodable as UTF-8 (no lone surrogates)"
+        ) from None
+    return value
+
+
+def redis_url(param: str, value: str) -> str:
+    scheme = urlsplit(value).scheme
+    if scheme not in REDIS_SCHEMES:
+        raise ValueError(
+            f"{param}={value!r} is not accepted: the URL scheme must be one of "
+            f"{', '.join(s + '://' for s in REDIS_SCHEMES)}"
+        )
+    return value

@@ -1,0 +1,75 @@
+"""The exceptions celery-semaphore raises.
+
+Every error the package raises on purpose derives from :class:`SemaphoreError`, and carries the
+semaphore's ``name`` (and ``limit`` / ``token`` where they apply) as attributes, so handlers and
+log lines can say which limit was involved.  Bad arguments raise the standard ``ValueError`` or
+``TypeError`` instead, at construction or decoration time.
+
+This module imports nothing else from the package.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "SemaphoreBackendError",
+    "SemaphoreError",
+    "SemaphoreStateError",
+    "SemaphoreTimeout",
+]
+
+
+class SemaphoreError(Exception):
+    """Base class of every error raised by celery-semaphore."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        name: str | None = None,
+        limit: int | None = None,
+        token: str | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.name = name
+        self.limit = limit
+        self.token = token
+
+
+class SemaphoreTimeout(SemaphoreError, TimeoutError):
+    """No permit could be had within the time allowed.
+
+    ``waited`` is how long the caller waited, in seconds.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        name: str | None = None,
+        limit: int | None = None,
+        token: str | None = None,
+        waited: float | None = None,
+    ) -> None:
+        super().__init__(message, name=name, limit=limit, token=token)
+        self.waited = waited
+
+
+class SemaphoreBackendError(SemaphoreError, ConnectionError):
+    """Redis could not be reached or failed the command.
+
+    The original redis-py exception is chained as ``__cause__``.  When this is raised during an
+    acquire, no permit was granted to the caller (a grant whose reply was lost is found again by
+    its token on the next attempt, or expires with its lease).
+    """
+
+
+class SemaphoreStateError(SemaphoreError):
+    """The semaphore's keys in Redis hold something this package did not write.
+
+    Raised, for example, when someone ``SET`` a string where a sorted set belongs.  The scripts
+    check key types before writing, so nothing is modified or deleted; ``key`` names the culprit.
+    """
+
+    def __init__(self, message: str, *, name: str | None = None, key: str | None = None) -> None:
+        super().__init__(message, name=name)
+        self.key = key

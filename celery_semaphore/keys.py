@@ -1,0 +1,91 @@
+"""The one place where Redis key names are built.
+
+Every key of one semaphore looks like ``<prefix>:{<tag>}:<part>``.  The ``{<tag>}`` hash tag puts
+all of them in one Redis Cluster slot, so each script can touch them atomically.
+
+``<tag>`` encodes the semaphore name so that distinct names can never share or escape keys:
+
+* characters outside ``[A-Za-z0-9_.-]`` (braces, ``:``, spaces, unicode, ``%`` itself) are
+  percent-encoded from UTF-8, so the tag never contains ``{`` or ``}`` and the first ``}`` in the
+  key always closes it;
+* an encoding longer than :data:`MAX_READABLE` keeps a readable head and ends in ``~`` plus the
+  SHA-256 of the name; ``~`` never appears in a plain encoding, so the two forms cannot meet.
+
+The prefix may not contain braces (checked by :func:`validate_prefix`), so the hash tag is always
+the tag above.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from urllib.parse import quote
+
+__all__ = ["MAX_READABLE", "SemaphoreKeys", "encode_name", "validate_prefix"]
+
+MAX_READABLE = 200
+_SAFE = "-_."  # with ASCII letters and digits, which quote() always leaves alone
+
+
+def encode_name(name: str) -> str:
+    """Return the brace-free, injective hash-tag text for ``name``."""
+    plain = quote(name, safe=_SAFE, encoding="utf-8", errors="strict")
+    if len(plain) <= MAX_READABLE:
+        return plain
+    digest = hashlib.sha256(name.encode("utf-8")).hexdigest()
+    return f"{plain[:64]}~{digest}"
+
+
+def validate_prefix(key_prefix: object) -> str:
+    if not isinstance(key_prefix, str):
+        raise TypeError(f"key_prefix must be a str, got {type(key_prefix).__name__} {key_prefix!r}")
+    if not key_prefix or "{" in key_prefix or "}" in key_prefix:
+        raise ValueError(
+            f"key_prefix={key_prefix!r} is not accepted: use a non-empty string without "
+            "'{' or '}' (braces would change the Redis Cluster hash tag)"
+        )
+    return key_prefix
+
+
+@dataclass(frozen=True)
+class SemaphoreKeys:
+    """The keys of one semaphore, in the order the Lua scripts expect them (KEYS[1..7])."""
+
+    holders: str  # ZSET token -> lease expiry (server ms)
+    holder_info: str  # HASH token -> JSON {w, at, f, c, o}
+    waiters: str  # ZSET ticket -> arrival sequence number (FIFO order)
+    waiter_exp: str  # ZSET ticket -> place expiry (server ms)
+    waiter_info: str  # HASH ticket -> JSON {w, since, c, o, d, wk}
+    meta: str  # HASH: used, seq, fence, limit_override, last_limit
+    done: str  # ZSET token -> tombstone expiry (server ms): released tokens
+    base: str  # "<prefix>:{<tag>}", to derive per-ticket wake keys
+
+    @classmethod
+    def for_name(cls, name: str, key_prefix: str) -> SemaphoreKeys:
+        base = f"{key_prefix}:{{{encode_name(name)}}}"
+        return cls(
+            holders=f"{base}:holders",
+            holder_info=f"{base}:holder_info",
+            waiters=f"{base}:waiters",
+            waiter_exp=f"{base}:waiter_exp",
+            waiter_info=f"{base}:waiter_info",
+            meta=f"{base}:meta",
+            done=f"{base}:done",
+            base=base,
+        )
+
+    def state_keys(self) -> list[str]:
+        """KEYS[1..7] for every script."""
+        return [
+            self.holders,
+            self.holder_info,
+            self.waiters,
+            self.waiter_exp,
+            self.waiter_info,
+            self.meta,
+            self.done,
+        ]
+
+    def wake(self, ticket: str) -> str:
+        """The list a blocked waiter with ``ticket`` waits on (BLPOP)."""
+        return f"{self.base}:wake:{quote(ticket, safe=_SAFE)}"

@@ -1,0 +1,668 @@
+"""A named, counting, fair, weighted, lease-based semaphore in Redis.
+
+This is the core primitive; it never imports Celery and can be used on its own::
+
+    from celery_semaphore import Semaphore
+
+    sem = Semaphore("payment-gateway", limit=5, redis="redis://localhost:6379/0")
+    with sem.acquire(timeout=10) as permit:        # or: with sem: ...
+        call_gateway(fencing_token=permit.fencing_token)
+
+How it works, in one paragraph: every state change (acquire, release, refresh, withdraw,
+reclaim) is one Lua script, so one round trip, atomic, and timed by the Redis server's clock.
+Holders are leases: a holder that stops refreshing loses its units when its lease runs out.
+Waiters stand in one FIFO line; free units belong to the oldest live waiters that fit, so a
+newcomer never barges past them.  A waiter keeps its place only while it keeps calling (its
+place has a TTL), so a vanished waiter never blocks the line for long.  When units free up, the
+script that freed them names the waiters they now belong to, and the caller wakes exactly those
+(a push onto each waiter's own list, on which it blocks), so there is neither polling nor a
+thundering herd.
+
+Tickets: a waiter is identified by a ticket.  ``acquire`` makes one up, or takes yours, so a
+caller that comes back later (a Celery task re-delivered after a back-off) keeps its place.
+A granted permit's token is its ticket.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import threading
+import uuid
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from enum import IntEnum
+from types import TracebackType
+from typing import Any, TypeVar
+
+import redis as redis_lib
+from redis.exceptions import RedisError, ResponseError
+
+from . import _validate, clock
+from ._scripts import ScriptSet
+from .exceptions import (
+    SemaphoreBackendError,
+    SemaphoreStateError,
+    SemaphoreTimeout,
+)
+from .keys import SemaphoreKeys, validate_prefix
+
+__all__ = [
+    "Attempt",
+    "AttemptStatus",
+    "HolderInfo",
+    "Permit",
+    "Semaphore",
+    "Snapshot",
+    "WaiterInfo",
+]
+
+log = logging.getLogger("celery_semaphore.semaphore")
+
+DEFAULT_URL = "redis://localhost:6379/0"
+#: How long a released token is remembered, so a re-sent release reports success.
+DEFAULT_TOMBSTONE_TTL = 10.0
+#: A blocked waiter re-checks at least this often, in case a wake-up was lost.
+DEFAULT_POLL_INTERVAL = 1.0
+
+WakeHandler = Callable[[str, str], None]
+_T = TypeVar("_T")
+
+
+class AttemptStatus(IntEnum):
+    """The outcome of one :meth:`Semaphore.try_acquire` (the script's status codes)."""
+
+    GRANTED = 1  #: a new permit
+    ALREADY_HELD = 2  #: this ticket and claim already held a permit; same permit returned
+    HELD_ELSEWHERE = 3  #: the ticket holds a permit under another claim
+    DONE = 4  #: the ticket was released recently (a tombstone exists)
+    WAITING = 5  #: not granted; the place in line is kept
+    WEIGHT_OVER_LIMIT = 6  #: the weight exceeds the (possibly overridden) limit
+    NOT_QUEUED = 7  #: not granted, and no place was kept (``place_ttl=0``)
+    STALE = 8  #: the place belongs to a newer epoch of this ticket
+
+
+@dataclass(frozen=True)
+class HolderInfo:
+    """One current holder, as :meth:`Semaphore.holders` reports it."""
+
+    token: str
+    weight: int
+    fencing_token: int
+    acquired_at: float  #: server epoch seconds
+    lease_remaining: float  #: seconds
+    owner: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class WaiterInfo:
+    """One live waiter, in FIFO order, as :meth:`Semaphore.waiters` reports it."""
+
+    ticket: str
+    position: int  #: 0 is the head of the line
+    weight: int
+    waiting_since: float  #: server epoch seconds
+    place_remaining: float  #: seconds until the place expires unless the waiter calls again
+    parked: bool  #: True when the waiter is woken through wake data rather than by blocking
+    owner: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """Everything :meth:`Semaphore.inspect` read in one round trip."""
+
+    name: str
+    limit: int  #: the limit in force: the runtime override if set, else this object's
+    limit_override: int | None
+    used: int
+    server_time: float
+    holders: list[HolderInfo] = field(default_factory=list)
+    waiters: list[WaiterInfo] = field(default_factory=list)
+
+    @property
+    def available(self) -> int:
+        return max(0, self.limit - self.used)
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """The result of :meth:`Semaphore.try_acquire`."""
+
+    status: AttemptStatus
+    permit: Permit | None = None
+    position: int | None = None  #: for WAITING: 0 is the head of the line
+    epoch: int = 0  #: for WAITING and STALE: the epoch of the place
+    limit: int = 0  #: the limit in force when the script ran
+
+
+def _text(value: Any) -> str:
+    return value.decode("utf-8") if isinstance(value, bytes) else str(value)
+
+
+def _default_owner() -> dict[str, Any]:
+    return {"host": socket.gethostname(), "pid": os.getpid()}
+
+
+class Permit:
+    """A granted share of a semaphore: ``weight`` units, held under ``token``.
+
+    ``fencing_token`` strictly increases per semaphore across grants; hand it to downstream
+    systems so they can refuse a stale holder's writes.  A Permit is a context manager that
+    releases on exit.
+    """
+
+    def __init__(
+        self,
+        semaphore: Semaphore,
+        token: str,
+        weight: int,
+        fencing_token: int,
+        lease_expires_at: float,
+        claim: str = "",
+    ) -> None:
+        self.semaphore = semaphore
+        self.token = token
+        self.weight = weight
+        self.fencing_token = fencing_token
+        #: server epoch seconds at which the lease runs out, as of the last grant or refresh
+        self.lease_expires_at = lease_expires_at
+        self.claim = claim
+        #: set when a refresh found the permit gone (its lease expired and was reclaimed)
+        self.lost = False
+        self._released = False
+        self._lock = threading.Lock()
+
+    @property
+    def released(self) -> bool:
+        return self._released
+
+    def refresh(self, lease_ttl: float | None = None) -> bool:
+        """Extend the lease by ``lease_ttl`` (default: the semaphore's) from now.
+
+        Returns False, and sets :attr:`lost`, when the permit is no longer held.
+        """
+        if self._released:
+            return False
+        expiry = self.semaphore.refresh_token(self.token, lease_ttl=lease_ttl, holder_only=True)
+        if expiry is None:
+            self.lost = True
+            return False
+        self.lease_expires_at = expiry
+        return True
+
+    def release(self, *, tombstone_ttl: float | None = None) -> bool:
+        """Give the units back.  Idempotent: only the first call talks to Redis.
+
+        Returns True when this call released the permit, False when it was no longer held
+        (lost to lease expiry, or already released).
+        """
+        with self._lock:
+            if self._released:
+                return False
+            self._released = True
+        return self.semaphore.release_token(self.token, tombstone_ttl=tombstone_ttl)
+
+    def __enter__(self) -> Permit:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.release()
+
+    def __repr__(self) -> str:
+        return (
+            f"<Permit {self.semaphore.name!r} token={self.token!r} weight={self.weight} "
+            f"fencing_token={self.fencing_token}>"
+        )
+
+
+class Semaphore:
+    """A named, fair, weighted, lease-based counting semaphore in Redis.
+
+    :param name: any non-empty string; it is encoded into the keys (see :mod:`.keys`).
+    :param limit: how many units may be held at once (a runtime override in Redis wins).
+    :param redis: a ``redis.Redis`` / ``redis.RedisCluster`` client, or a ``redis://``,
+        ``rediss://`` or ``unix://`` URL (the client is then created lazily, so a Semaphore
+        made before ``fork()`` is safe to use after it).
+    :param lease_ttl: seconds a grant lasts unless refreshed.
+    :param key_prefix: the first part of every key.
+    :param timeout: default timeout for ``with sem:`` (None waits forever).
+    :param poll_interval: how often a blocked waiter re-checks if no wake-up comes.
+    :param on_wake: called as ``on_wake(ticket, data)`` for parked waiters (those that gave wake
+        data) that units were freed for; blocked waiters are woken without it.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        limit: int,
+        *,
+        redis: redis_lib.Redis | redis_lib.RedisCluster | str | None = None,
+        lease_ttl: float = 60.0,
+        key_prefix: str = "celery_semaphore",
+        timeout: float | None = None,
+        poll_interval: float = DEFAULT_POLL_INTERVAL,
+        on_wake: WakeHandler | None = None,
+    ) -> None:
+        self.name = _validate.name("name", name)
+        self.limit = _validate.positive_int("limit", limit)
+        self.lease_ttl = _validate.positive_seconds("lease_ttl", lease_ttl)
+        self.key_prefix = validate_prefix(key_prefix)
+        self.timeout = _validate.optional_non_negative_seconds("timeout", timeout)
+        self.poll_interval = _validate.positive_seconds("poll_interval", poll_interval)
+        self.on_wake = on_wake
+        self.keys = SemaphoreKeys.for_name(self.name, self.key_prefix)
+        if isinstance(redis, str):
+            self._url: str | None = _validate.redis_url("redis", redis)
+            self._client: Any = None
+        elif redis is None:
+            self._url, self._client = DEFAULT_URL, None
+        elif hasattr(redis, "register_script"):
+            self._url, self._client = None, redis
+        else:
+            raise TypeError(
+                "redis must be a redis.Redis or redis.RedisCluster client, a redis://, "
+                f"rediss:// or unix:// URL, or None; got {type(redis).__name__} {redis!r}"
+            )
+        self._scripts: ScriptSet | None = None
+        self._init_lock = threading.Lock()
+        self._local = threading.local()
+
+    # -- plumbing ---------------------------------------------------------------------------
+
+    @property
+    def client(self) -> Any:
+        """The redis-py client (created on first use when a URL was given)."""
+        if self._client is None:
+            with self._init_lock:
+                if self._client is None:
+                    self._client = redis_lib.Redis.from_url(self._url or DEFAULT_URL)
+        return self._client
+
+    def _run(self, operation: str, args: list[Any]) -> list[Any]:
+        if self._scripts is None:
+            with self._init_lock:
+                if self._scripts is None:
+                    self._scripts = ScriptSet(self.client)
+        scripts = self._scripts
+        return self._call(lambda: scripts[operation](keys=self.keys.state_keys(), args=args))
+
+    def _call(self, fn: Callable[[], _T]) -> _T:
+        try:
+            return fn()
+        except ResponseError as exc:
+            text = str(exc)
+            if "CSWRONGTYPE" in text:
+                parts = text.split("CSWRONGTYPE", 1)[1].split()
+                key, found, expected = ([*parts, "?", "?", "?"])[:3]
+                raise SemaphoreStateError(
+                    f"semaphore {self.name!r}: key {key!r} holds a {found}, expected a {expected}; "
+                    "something other than celery-semaphore wrote it. Nothing was changed: "
+                    "remove or rename that key (or use another key_prefix).",
+                    name=self.name,
+                    key=key,
+                ) from exc
+            raise SemaphoreBackendError(
+                f"semaphore {self.name!r}: Redis refused the command: {exc}", name=self.name
+            ) from exc
+        except RedisError as exc:
+            raise SemaphoreBackendError(
+                f"semaphore {self.name!r}: Redis failed: {type(exc).__name__}: {exc}",
+                name=self.name,
+            ) from exc
+
+    def _wake(self, pairs: list[Any]) -> None:
+        """Wake the waiters a script named: push to blocked ones' lists, hand parked ones'
+        data to ``on_wake``.  Best effort: a lost wake-up costs one poll interval."""
+        blocked: list[str] = []
+        for i in range(0, len(pairs) - 1, 2):
+            ticket, data = _text(pairs[i]), _text(pairs[i + 1])
+            if data:
+                if self.on_wake is not None:
+                    try:
+                        self.on_wake(ticket, data)
+                    except Exception:
+                        log.exception("semaphore %r: on_wake failed for %s", self.name, ticket)
+            else:
+                blocked.append(ticket)
+        if not blocked:
+            return
+        ttl = max(1, int(self._blocking_place_ttl()))
+        try:
+            pipe = self.client.pipeline(transaction=False)
+            for ticket in blocked:
+                key = self.keys.wake(ticket)
+                pipe.lpush(key, 1)
+                pipe.expire(key, ttl)
+            pipe.execute()
+        except RedisError as exc:
+            log.warning("semaphore %r: wake-up failed (%s); waiters will poll", self.name, exc)
+
+    def _blocking_place_ttl(self) -> float:
+        return max(2.0, 3 * self.poll_interval)
+
+    def _ms(self, seconds: float) -> int:
+        return max(1, int(seconds * 1000))
+
+    # -- the low-level API (for integrations) -----------------------------------------------
+
+    @staticmethod
+    def new_ticket() -> str:
+        """A fresh, unique ticket for :meth:`try_acquire` or ``acquire(ticket=...)``."""
+        return uuid.uuid4().hex
+
+    def try_acquire(
+        self,
+        ticket: str,
+        *,
+        weight: int = 1,
+        owner: Mapping[str, Any] | None = None,
+        place_ttl: float = 0.0,
+        claim: str = "",
+        wake_data: str = "",
+        wake_grace: float = 1.0,
+        epoch: int = 0,
+        check_done: bool = False,
+        lease_ttl: float | None = None,
+    ) -> Attempt:
+        """One atomic attempt, in one round trip.  Never blocks.
+
+        :param ticket: the waiter's identity; keep it to keep your place (see the module doc).
+        :param place_ttl: seconds the place in line is kept if not granted (0: no place).
+        :param claim: tells copies of one ticket apart; a grant is returned again only to the
+            same claim (so a re-sent call is idempotent, and a duplicate copy is refused).
+        :param wake_data: non-empty marks the waiter as parked: when units are freed for it,
+            whoever freed them gets ``on_wake(ticket, wake_data)``.
+        :param wake_grace: a waiter is named in wake-ups at most once per this many seconds.
+        :param epoch: a call with an epoch lower than the place's is refused as STALE.
+        :param check_done: report DONE for a ticket released within its tombstone time.
+        """
+        weight = _validate.positive_int("weight", weight, maximum=self.limit)
+        place = _validate.non_negative_seconds("place_ttl", place_ttl)
+        lease = _validate.optional_positive_seconds("lease_ttl", lease_ttl)
+        owner_text = json.dumps(dict(owner) if owner is not None else _default_owner(), default=str)
+        reply = self._run(
+            "acquire",
+            [
+                ticket,
+                weight,
+                self.limit,
+                self._ms(lease or self.lease_ttl),
+                int(place * 1000),
+                claim,
+                owner_text,
+                wake_data,
+                int(wake_grace * 1000),
+                epoch,
+                1 if check_done else 0,
+            ],
+        )
+        status = AttemptStatus(int(reply[0]))
+        limit = int(reply[4])
+        self._wake(reply[5:])
+        if status in (AttemptStatus.GRANTED, AttemptStatus.ALREADY_HELD):
+            permit = Permit(self, ticket, weight, int(reply[1]), int(reply[2]) / 1000, claim)
+            return Attempt(status, permit=permit, limit=limit)
+        if status is AttemptStatus.WAITING:
+            return Attempt(status, position=int(reply[1]), epoch=int(reply[2]), limit=limit)
+        if status is AttemptStatus.STALE:
+            return Attempt(status, epoch=int(reply[1]), limit=limit)
+        if status is AttemptStatus.WEIGHT_OVER_LIMIT:
+            raise ValueError(
+                f"weight={weight} is not accepted for semaphore {self.name!r}: it exceeds the "
+                f"limit in force ({limit}, a runtime override); use a weight from 1 to {limit}"
+            )
+        return Attempt(status, limit=limit)
+
+    def release_token(self, token: str, *, tombstone_ttl: float | None = None) -> bool:
+        """Release the permit held under ``token``.  True if it was held (or this very release
+        was already applied by a re-sent call); False if it was not held."""
+        tomb = _validate.optional_positive_seconds("tombstone_ttl", tombstone_ttl)
+        reply = self._run(
+            "release",
+            [token, self.limit, self._ms(tomb or DEFAULT_TOMBSTONE_TTL), 1000],
+        )
+        self._wake(reply[1:])
+        return int(reply[0]) in (1, 2)
+
+    def refresh_token(
+        self,
+        token: str,
+        *,
+        lease_ttl: float | None = None,
+        place_ttl: float | None = None,
+        holder_only: bool = False,
+    ) -> float | None:
+        """Extend a holder's lease (or a waiter's place) from now.
+
+        Returns the new expiry in server epoch seconds, or None when the token is neither
+        holding nor waiting (with ``holder_only``: not holding).
+        """
+        lease = _validate.optional_positive_seconds("lease_ttl", lease_ttl)
+        place = _validate.optional_positive_seconds("place_ttl", place_ttl)
+        reply = self._run(
+            "refresh",
+            [token, self._ms(lease or self.lease_ttl), self._ms(place or self.lease_ttl)],
+        )
+        status = int(reply[0])
+        if status == 0 or (holder_only and status != 1):
+            return None
+        return int(reply[1]) / 1000
+
+    def withdraw(self, ticket: str) -> bool:
+        """Give up a place in line.  True if there was one."""
+        reply = self._run("withdraw", [ticket, self.limit, 1000])
+        self._wake(reply[1:])
+        return int(reply[0]) == 1
+
+    def reclaim(self) -> int:
+        """Take back expired leases and places now (normally done by every operation), and
+        wake whoever the freed units belong to.  Returns the number of holders reclaimed."""
+        reply = self._run("reclaim", [self.limit, 1000])
+        self._wake(reply[1:])
+        return int(reply[0])
+
+    def set_limit_override(self, limit: int | None) -> None:
+        """Store a runtime limit in Redis that every client of this semaphore obeys (None
+        clears it).  Lowering it revokes nothing: new grants wait until enough is released."""
+        if limit is None:
+            self._call(lambda: self.client.hdel(self.keys.meta, "limit_override"))
+            self.reclaim()
+            return
+        value = _validate.positive_int("limit", limit)
+        self._call(lambda: self.client.hset(self.keys.meta, "limit_override", value))
+        self.reclaim()
+
+    # -- the public API ---------------------------------------------------------------------
+
+    def acquire(
+        self,
+        *,
+        weight: int = 1,
+        blocking: bool = True,
+        timeout: float | None = None,
+        ticket: str | None = None,
+        owner: Mapping[str, Any] | None = None,
+        place_ttl: float | None = None,
+    ) -> Permit | None:
+        """Acquire ``weight`` units.
+
+        Returns a :class:`Permit`, or None when ``blocking=False`` finds no room or when
+        ``timeout`` seconds pass.  While blocked the caller holds a place in the FIFO line and
+        is woken by the release that frees its units.
+
+        :param ticket: keep your place across calls: when given and the call returns None,
+            the place is kept for ``place_ttl`` seconds (default: ``lease_ttl``).  Without a
+            ticket, a failed call leaves no trace.
+        :param owner: free-form metadata stored with the permit (default: host and pid).
+        """
+        _validate.positive_int("weight", weight, maximum=self.limit)
+        wait = _validate.optional_non_negative_seconds("timeout", timeout)
+        own_ticket = ticket is None
+        t = self.new_ticket() if ticket is None else _validate.name("ticket", ticket)
+        kept = self.lease_ttl if place_ttl is None else place_ttl
+        if not blocking:
+            attempt = self.try_acquire(
+                t, weight=weight, owner=owner, place_ttl=0.0 if own_ticket else kept
+            )
+            return attempt.permit
+        deadline = None if wait is None else clock.monotonic() + wait
+        waiting_ttl = max(self._blocking_place_ttl(), 0.0 if own_ticket else kept)
+        wake_key = self.keys.wake(t)
+        granted = False
+        try:
+            while True:
+                attempt = self.try_acquire(t, weight=weight, owner=owner, place_ttl=waiting_ttl)
+                if attempt.permit is not None:
+                    granted = True
+                    return attempt.permit
+                if attempt.status is not AttemptStatus.WAITING:
+                    return None
+                remaining = None if deadline is None else deadline - clock.monotonic()
+                if remaining is not None and remaining <= 0:
+                    return None
+                block = (
+                    self.poll_interval if remaining is None else min(self.poll_interval, remaining)
+                )
+                self._block(wake_key, block)
+        finally:
+            self._leave(
+                t, wake_key, withdraw=own_ticket and not granted, ticket_kept=kept, granted=granted
+            )
+
+    def _block(self, wake_key: str, seconds: float) -> None:
+        try:
+            self.client.blpop([wake_key], timeout=max(0.01, seconds))
+        except redis_lib.exceptions.TimeoutError:
+            pass  # the socket timeout is shorter than the block: just try again
+        except RedisError as exc:
+            raise SemaphoreBackendError(
+                f"semaphore {self.name!r}: Redis failed while waiting: {exc}", name=self.name
+            ) from exc
+
+    def _leave(
+        self, ticket: str, wake_key: str, *, withdraw: bool, ticket_kept: float, granted: bool
+    ) -> None:
+        try:
+            if withdraw:
+                self.withdraw(ticket)
+            elif not granted:
+                # the caller keeps its place with its own ticket: restore the place's lifetime
+                self.refresh_token(ticket, place_ttl=max(0.001, ticket_kept))
+            self.client.delete(wake_key)
+        except (RedisError, SemaphoreBackendError) as exc:
+            log.warning("semaphore %r: cleanup after waiting failed: %s", self.name, exc)
+
+    @contextmanager
+    def hold(self, *, weight: int = 1, timeout: float | None = None) -> Iterator[Permit]:
+        """``with sem.hold(timeout=5) as permit:``: acquire or raise
+        :class:`~celery_semaphore.SemaphoreTimeout`; release on exit."""
+        started = clock.monotonic()
+        permit = self.acquire(weight=weight, timeout=timeout)
+        if permit is None:
+            waited = clock.monotonic() - started
+            raise SemaphoreTimeout(
+                f"semaphore {self.name!r} (limit {self.limit}): no permit within "
+                f"{waited:.3f}s (timeout={timeout})",
+                name=self.name,
+                limit=self.limit,
+                waited=waited,
+            )
+        with permit:
+            yield permit
+
+    def __enter__(self) -> Permit:
+        stack: list[Any] = self._local.__dict__.setdefault("stack", [])
+        cm = self.hold(timeout=self.timeout)
+        permit = cm.__enter__()
+        stack.append(cm)
+        return permit
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        cm = self._local.__dict__["stack"].pop()
+        cm.__exit__(exc_type, exc, tb)
+
+    # -- inspection -------------------------------------------------------------------------
+
+    def inspect(self) -> Snapshot:
+        """Holders, waiters and counts, read in one round trip on the server's clock."""
+        reply = self._run("inspect", [])
+        now_ms = int(reply[0])
+        override_text = _text(reply[2])
+        override = int(override_text) if override_text else None
+        n_holders, n_waiters = int(reply[3]), int(reply[4])
+        rest = reply[5:]
+        holders = []
+        for i in range(n_holders):
+            token, expiry, raw = rest[3 * i : 3 * i + 3]
+            info = json.loads(_text(raw))
+            holders.append(
+                HolderInfo(
+                    token=_text(token),
+                    weight=int(info["w"]),
+                    fencing_token=int(info["f"]),
+                    acquired_at=int(info["at"]) / 1000,
+                    lease_remaining=(float(_text(expiry)) - now_ms) / 1000,
+                    owner=_owner(info.get("o")),
+                )
+            )
+        rest = rest[3 * n_holders :]
+        waiters = []
+        for i in range(n_waiters):
+            ticket, expiry, raw = rest[3 * i : 3 * i + 3]
+            info = json.loads(_text(raw))
+            waiters.append(
+                WaiterInfo(
+                    ticket=_text(ticket),
+                    position=i,
+                    weight=int(info["w"]),
+                    waiting_since=int(info["since"]) / 1000,
+                    place_remaining=(float(_text(expiry)) - now_ms) / 1000,
+                    parked=bool(info.get("d")),
+                    owner=_owner(info.get("o")),
+                )
+            )
+        return Snapshot(
+            name=self.name,
+            limit=override if override is not None else self.limit,
+            limit_override=override,
+            used=int(reply[1]),
+            server_time=now_ms / 1000,
+            holders=holders,
+            waiters=waiters,
+        )
+
+    def available(self) -> int:
+        """Units free right now (waiters in line may already be entitled to them)."""
+        return self.inspect().available
+
+    def holders(self) -> list[HolderInfo]:
+        return self.inspect().holders
+
+    def waiters(self) -> list[WaiterInfo]:
+        return self.inspect().waiters
+
+    def __repr__(self) -> str:
+        return f"<Semaphore {self.name!r} limit={self.limit} prefix={self.key_prefix!r}>"
+
+
+def _owner(raw: Any) -> dict[str, Any]:
+    if not raw:
+        return {}
+    try:
+        value = json.loads(raw)
+    except (TypeError, ValueError):
+        return {"raw": raw}
+    return value if isinstance(value, dict) else {"value": value}
