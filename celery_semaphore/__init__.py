@@ -6,8 +6,10 @@ The core primitive, :class:`Semaphore`, does not need Celery.
 from __future__ import annotations
 
 from importlib.metadata import PackageNotFoundError, version
+from typing import TYPE_CHECKING, Any
 
 from .exceptions import (
+    LeaseLost,
     SemaphoreBackendError,
     SemaphoreError,
     SemaphoreStateError,
@@ -23,12 +25,46 @@ from .semaphore import (
     WaiterInfo,
 )
 
+if TYPE_CHECKING:
+    from .decorators import limited
+    from .runtime import checkpoint, current_permits
+    from .task import LimitedTask
+
+# The Celery layer is imported on first use, so the core primitive (and the `celery` CLI
+# plugin) never pay for it, and `Semaphore` works without importing Celery.
+_CELERY_LAYER = {
+    "limited": ("decorators", "limited"),
+    "LimitedTask": ("task", "LimitedTask"),
+    "checkpoint": ("runtime", "checkpoint"),
+    "current_permits": ("runtime", "current_permits"),
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _CELERY_LAYER:
+        from importlib import import_module
+
+        from .signals import connect
+
+        connect()
+        module, attr = _CELERY_LAYER[name]
+        value = getattr(import_module(f"{__name__}.{module}"), attr)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 try:
     __version__ = version("celery-semaphore")
 except PackageNotFoundError:  # pragma: no cover - running from a plain checkout
     __version__ = "0+unknown"
 
 __all__ = [
+    # the Celery layer
+    "LimitedTask",
+    "checkpoint",
+    "current_permits",
+    "limited",
     # the core primitive
     "Semaphore",
     "Permit",
@@ -39,6 +75,7 @@ __all__ = [
     "Snapshot",
     "WaiterInfo",
     # errors
+    "LeaseLost",
     "SemaphoreBackendError",
     "SemaphoreError",
     "SemaphoreStateError",

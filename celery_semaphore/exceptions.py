@@ -11,6 +11,7 @@ This module imports nothing else from the package.
 from __future__ import annotations
 
 __all__ = [
+    "LeaseLost",
     "SemaphoreBackendError",
     "SemaphoreError",
     "SemaphoreStateError",
@@ -73,3 +74,10 @@ class SemaphoreStateError(SemaphoreError):
     def __init__(self, message: str, *, name: str | None = None, key: str | None = None) -> None:
         super().__init__(message, name=name)
         self.key = key
+
+
+class LeaseLost(SemaphoreError):
+    """The permit's lease expired while the task still ran (its heartbeat could not refresh it
+    in time), so another task may hold the unit now.  Raised by
+    :func:`celery_semaphore.checkpoint` when the task's ``on_lease_lost`` policy is ``"raise"``.
+    """

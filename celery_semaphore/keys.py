@@ -5,7 +5,7 @@ all of them in one Redis Cluster slot, so each script can touch them atomically.
 
 ``<tag>`` encodes the semaphore name so that distinct names can never share or escape keys:
 
-* characters outside ``[A-Za-z0-9_.-]`` (braces, ``:``, spaces, unicode, ``%`` itself) are
+* characters outside ``[A-Za-z0-9_.-]`` (braces, ``:``, spaces, unicode, ``%`` and ``~``) are
   percent-encoded from UTF-8, so the tag never contains ``{`` or ``}`` and the first ``}`` in the
   key always closes it;
 * an encoding longer than :data:`MAX_READABLE` keeps a readable head and ends in ``~`` plus the
@@ -29,7 +29,9 @@ _SAFE = "-_."  # with ASCII letters and digits, which quote() always leaves alon
 
 def encode_name(name: str) -> str:
     """Return the brace-free, injective hash-tag text for ``name``."""
-    plain = quote(name, safe=_SAFE, encoding="utf-8", errors="strict")
+    # quote() never encodes "~" (an RFC 3986 unreserved character), so encode it by hand: the
+    # hashed form below relies on "~" never appearing in a plain encoding.
+    plain = quote(name, safe=_SAFE, encoding="utf-8", errors="strict").replace("~", "%7E")
     if len(plain) <= MAX_READABLE:
         return plain
     digest = hashlib.sha256(name.encode("utf-8")).hexdigest()

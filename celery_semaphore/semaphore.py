@@ -45,6 +45,7 @@ from . import _validate, clock
 from ._scripts import ScriptSet
 from .exceptions import (
     SemaphoreBackendError,
+    SemaphoreError,
     SemaphoreStateError,
     SemaphoreTimeout,
 )
@@ -142,8 +143,16 @@ def _text(value: Any) -> str:
     return value.decode("utf-8") if isinstance(value, bytes) else str(value)
 
 
-def _default_owner() -> dict[str, Any]:
-    return {"host": socket.gethostname(), "pid": os.getpid()}
+_owner_cache: tuple[int, str] = (-1, "")
+
+
+def _default_owner_text() -> str:
+    """``{"host": ..., "pid": ...}`` as JSON, computed once per process."""
+    global _owner_cache
+    pid = os.getpid()
+    if _owner_cache[0] != pid:
+        _owner_cache = (pid, json.dumps({"host": socket.gethostname(), "pid": pid}))
+    return _owner_cache[1]
 
 
 class Permit:
@@ -202,8 +211,13 @@ class Permit:
         with self._lock:
             if self._released:
                 return False
+            # A Redis failure raises SemaphoreBackendError and leaves the permit unreleased,
+            # so the call can be retried (the release is idempotent per token).
+            result = self.semaphore.release_token(
+                self.token, tombstone_ttl=tombstone_ttl, claim=self.claim
+            )
             self._released = True
-        return self.semaphore.release_token(self.token, tombstone_ttl=tombstone_ttl)
+            return result
 
     def __enter__(self) -> Permit:
         return self
@@ -288,11 +302,14 @@ class Semaphore:
 
     def _run(self, operation: str, args: list[Any]) -> list[Any]:
         if self._scripts is None:
+            client = self.client  # outside the lock: `client` takes the same (non-reentrant) lock
             with self._init_lock:
                 if self._scripts is None:
-                    self._scripts = ScriptSet(self.client)
+                    self._scripts = ScriptSet(client)
         scripts = self._scripts
-        return self._call(lambda: scripts[operation](keys=self.keys.state_keys(), args=args))
+        # last ARGV of every script: can this caller wake parked waiters? (see _lib.lua)
+        full = [*args, 1 if self.on_wake is not None else 0]
+        return self._call(lambda: scripts[operation](keys=self.keys.state_keys(), args=full))
 
     def _call(self, fn: Callable[[], _T]) -> _T:
         try:
@@ -300,8 +317,16 @@ class Semaphore:
         except ResponseError as exc:
             text = str(exc)
             if "CSWRONGTYPE" in text:
-                parts = text.split("CSWRONGTYPE", 1)[1].split()
-                key, found, expected = ([*parts, "?", "?", "?"])[:3]
+                # "CSWRONGTYPE <index in KEYS> <found> <expected> <key>"; take the key from our
+                # own list, since its text may contain spaces
+                parts = text.split("CSWRONGTYPE", 1)[1].split(None, 3)
+                index, found, expected = ([*parts, "?", "?", "?"])[:3]
+                state_keys = self.keys.state_keys()
+                key = (
+                    state_keys[int(index) - 1]
+                    if index.isdigit() and 1 <= int(index) <= len(state_keys)
+                    else "?"
+                )
                 raise SemaphoreStateError(
                     f"semaphore {self.name!r}: key {key!r} holds a {found}, expected a {expected}; "
                     "something other than celery-semaphore wrote it. Nothing was changed: "
@@ -387,7 +412,9 @@ class Semaphore:
         weight = _validate.positive_int("weight", weight, maximum=self.limit)
         place = _validate.non_negative_seconds("place_ttl", place_ttl)
         lease = _validate.optional_positive_seconds("lease_ttl", lease_ttl)
-        owner_text = json.dumps(dict(owner) if owner is not None else _default_owner(), default=str)
+        owner_text = (
+            json.dumps(dict(owner), default=str) if owner is not None else _default_owner_text()
+        )
         reply = self._run(
             "acquire",
             [
@@ -421,13 +448,16 @@ class Semaphore:
             )
         return Attempt(status, limit=limit)
 
-    def release_token(self, token: str, *, tombstone_ttl: float | None = None) -> bool:
+    def release_token(
+        self, token: str, *, tombstone_ttl: float | None = None, claim: str = ""
+    ) -> bool:
         """Release the permit held under ``token``.  True if it was held (or this very release
-        was already applied by a re-sent call); False if it was not held."""
+        was already applied by a re-sent call); False if it was not held.  With ``claim``,
+        only a permit granted under that claim is released."""
         tomb = _validate.optional_positive_seconds("tombstone_ttl", tombstone_ttl)
         reply = self._run(
             "release",
-            [token, self.limit, self._ms(tomb or DEFAULT_TOMBSTONE_TTL), 1000],
+            [token, self.limit, self._ms(tomb or DEFAULT_TOMBSTONE_TTL), 1000, claim],
         )
         self._wake(reply[1:])
         return int(reply[0]) in (1, 2)
@@ -449,8 +479,15 @@ class Semaphore:
         place = _validate.optional_positive_seconds("place_ttl", place_ttl)
         reply = self._run(
             "refresh",
-            [token, self._ms(lease or self.lease_ttl), self._ms(place or self.lease_ttl)],
+            [
+                token,
+                self._ms(lease or self.lease_ttl),
+                self._ms(place or self.lease_ttl),
+                self.limit,
+                1000,
+            ],
         )
+        self._wake(reply[2:])
         status = int(reply[0])
         if status == 0 or (holder_only and status != 1):
             return None
@@ -513,28 +550,55 @@ class Semaphore:
                 t, weight=weight, owner=owner, place_ttl=0.0 if own_ticket else kept
             )
             return attempt.permit
-        deadline = None if wait is None else clock.monotonic() + wait
-        waiting_ttl = max(self._blocking_place_ttl(), 0.0 if own_ticket else kept)
-        wake_key = self.keys.wake(t)
-        granted = False
+        attempt = self.wait(
+            t,
+            timeout=wait,
+            place_ttl=max(self._blocking_place_ttl(), 0.0 if own_ticket else kept),
+            keep_place=None if own_ticket else kept,
+            weight=weight,
+            owner=owner,
+        )
+        return attempt.permit
+
+    def wait(
+        self,
+        ticket: str,
+        *,
+        timeout: float | None,
+        place_ttl: float,
+        keep_place: float | None = None,
+        **attempt_options: Any,
+    ) -> Attempt:
+        """Block until ``ticket`` is granted, stops waiting (any status but WAITING), or
+        ``timeout`` seconds pass; return the last :class:`Attempt`.
+
+        Between attempts it blocks on the ticket's own wake list, so the release that frees
+        its units wakes it at once; it re-checks every ``poll_interval`` in case a wake-up was
+        lost.  ``attempt_options`` go to :meth:`try_acquire` unchanged.  When the wait ends
+        without a grant, the place is withdrawn, or with ``keep_place`` kept for that many
+        seconds more.
+        """
+        deadline = None if timeout is None else clock.monotonic() + timeout
+        wake_key = self.keys.wake(ticket)
+        attempt: Attempt | None = None
+        blocked = False
         try:
             while True:
-                attempt = self.try_acquire(t, weight=weight, owner=owner, place_ttl=waiting_ttl)
-                if attempt.permit is not None:
-                    granted = True
-                    return attempt.permit
+                attempt = self.try_acquire(ticket, place_ttl=place_ttl, **attempt_options)
                 if attempt.status is not AttemptStatus.WAITING:
-                    return None
+                    return attempt
                 remaining = None if deadline is None else deadline - clock.monotonic()
                 if remaining is not None and remaining <= 0:
-                    return None
-                block = (
-                    self.poll_interval if remaining is None else min(self.poll_interval, remaining)
+                    return attempt
+                blocked = True
+                self._block(
+                    wake_key,
+                    self.poll_interval if remaining is None else min(self.poll_interval, remaining),
                 )
-                self._block(wake_key, block)
         finally:
+            waiting = attempt is None or attempt.status is AttemptStatus.WAITING
             self._leave(
-                t, wake_key, withdraw=own_ticket and not granted, ticket_kept=kept, granted=granted
+                ticket, wake_key if blocked else None, waiting=waiting, keep_place=keep_place
             )
 
     def _block(self, wake_key: str, seconds: float) -> None:
@@ -548,16 +612,19 @@ class Semaphore:
             ) from exc
 
     def _leave(
-        self, ticket: str, wake_key: str, *, withdraw: bool, ticket_kept: float, granted: bool
+        self, ticket: str, wake_key: str | None, *, waiting: bool, keep_place: float | None
     ) -> None:
         try:
-            if withdraw:
+            if waiting and keep_place is None:
                 self.withdraw(ticket)
-            elif not granted:
+            elif waiting and keep_place is not None:
                 # the caller keeps its place with its own ticket: restore the place's lifetime
-                self.refresh_token(ticket, place_ttl=max(0.001, ticket_kept))
-            self.client.delete(wake_key)
-        except (RedisError, SemaphoreBackendError) as exc:
+                self.refresh_token(ticket, place_ttl=max(0.001, keep_place))
+            if wake_key is not None:
+                self.client.delete(wake_key)
+        except (RedisError, SemaphoreError) as exc:
+            # best effort: never let a cleanup failure replace the exception (or result) of
+            # the wait itself
             log.warning("semaphore %r: cleanup after waiting failed: %s", self.name, exc)
 
     @contextmanager

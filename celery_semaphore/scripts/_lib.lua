@@ -7,16 +7,23 @@
 --   KEYS[3] waiters      ZSET  ticket -> arrival sequence number (FIFO order)
 --   KEYS[4] waiter_exp   ZSET  ticket -> place expiry, server ms
 --   KEYS[5] waiter_info  HASH  ticket -> JSON {w, since=first seen ms, e=epoch, o, d=wake data,
---                                              wk=last woken ms}
+--                                              wk=last woken ms, g=wake grace ms}
 --   KEYS[6] meta         HASH  used (units held), seq (arrival counter), fence (grant counter),
 --                              limit_override (runtime limit, optional)
 --   KEYS[7] done         ZSET  token  -> tombstone expiry, server ms (recently released tokens)
+--
+-- ARGV: each script documents its own; the Python side appends one more to every call, last:
+--   ARGV[#ARGV] dispatch  '1' when the caller can wake parked waiters (it has an on_wake
+--                         handler for their wake data), else '0': parked waiters are then not
+--                         named (nor marked woken), and stay for a caller that can.
 --
 -- All time is the Redis server's TIME in integer milliseconds; no client clock is trusted.
 -- Replies contain integers and strings only (RESP3 truncates Lua floats).
 
 local K_HOLDERS, K_HINFO, K_WAITERS, K_WEXP, K_WINFO, K_META, K_DONE =
   KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7]
+
+local CAN_DISPATCH = ARGV[#ARGV] == '1'
 
 local EXPECTED_TYPES = {'zset', 'hash', 'zset', 'zset', 'hash', 'hash', 'zset'}
 
@@ -27,7 +34,9 @@ local function check_types()
     local t = redis.call('TYPE', KEYS[i])
     if type(t) == 'table' then t = t['ok'] end
     if t ~= 'none' and t ~= EXPECTED_TYPES[i] then
-      return redis.error_reply('CSWRONGTYPE ' .. KEYS[i] .. ' ' .. t .. ' ' .. EXPECTED_TYPES[i])
+      -- KEYS[i] goes last: a key prefix may contain spaces.
+      return redis.error_reply(
+        'CSWRONGTYPE ' .. i .. ' ' .. t .. ' ' .. EXPECTED_TYPES[i] .. ' ' .. KEYS[i])
     end
   end
   return nil
@@ -113,7 +122,9 @@ end
 local function collect_wakes(list, me, now, grace, reply)
   for _, entry in ipairs(list) do
     local ticket, info = entry[1], entry[2]
-    if ticket ~= me and (now - (info['wk'] or 0)) >= grace then
+    local parked = (info['d'] or '') ~= ''
+    if ticket ~= me and (CAN_DISPATCH or not parked)
+        and (now - (info['wk'] or 0)) >= (info['g'] or grace) then
       info['wk'] = now
       redis.call('HSET', K_WINFO, ticket, cjson.encode(info))
       reply[#reply + 1] = ticket

@@ -12,7 +12,8 @@
 -- ARGV[6]  claim          which copy of the caller this is (a grant remembers it)
 -- ARGV[7]  owner          owner metadata, JSON text, stored as given
 -- ARGV[8]  data           wake data for a parked waiter ('' = a blocked waiter, woken by list)
--- ARGV[9]  wake_grace_ms  name one waiter in wake-ups at most once per this many ms
+-- ARGV[9]  wake_grace_ms  name this waiter in wake-ups at most once per this many ms (kept
+--                         with the place; also the default for other waiters named here)
 -- ARGV[10] epoch          integer; a call whose epoch is below the place's epoch is stale
 -- ARGV[11] check_done     1 = report a ticket released within its tombstone time as done
 --
@@ -38,26 +39,48 @@ local now = now_ms()
 reclaim(now)
 local limit = effective_limit(client_limit)
 
+-- Every reply names the waiters to wake: the reclaim above may have freed units (an expired
+-- lease or place) whatever this call's own outcome, and those units belong to waiters in line.
+local function finish(reply, list)
+  return collect_wakes(list or entitled(limit, meta_int('used')), ticket, now, grace, reply)
+end
+
 local held = redis.call('HGET', K_HINFO, ticket)
 if held then
   local info = cjson.decode(held)
-  if info['c'] ~= claim then return {3, 0, 0, now, limit} end
+  if info['c'] ~= claim then return finish({3, 0, 0, now, limit}) end
   local expiry = now + lease_ms
   redis.call('ZADD', K_HOLDERS, 'XX', expiry, ticket)
-  return {2, info['f'], expiry, now, limit}
+  return finish({2, info['f'], expiry, now, limit})
 end
-if check_done and redis.call('ZSCORE', K_DONE, ticket) then return {4, 0, 0, now, limit} end
-if weight > limit then return {6, limit, 0, now, limit} end
+if check_done and redis.call('ZSCORE', K_DONE, ticket) then
+  return finish({4, 0, 0, now, limit})
+end
+if weight > limit then return finish({6, limit, 0, now, limit}) end
+
+-- Fast path: nobody in line and room enough, so the grant cannot pass anyone.
+if redis.call('ZCARD', K_WAITERS) == 0 then
+  local used = meta_int('used')
+  if used + weight <= limit then
+    redis.call('HSET', K_META, 'used', used + weight)
+    local fence = redis.call('HINCRBY', K_META, 'fence', 1)
+    local expiry = now + lease_ms
+    redis.call('ZADD', K_HOLDERS, expiry, ticket)
+    redis.call('HSET', K_HINFO, ticket,
+      cjson.encode({w = weight, at = now, f = fence, c = claim, o = owner}))
+    return {1, fence, expiry, now, limit}
+  end
+end
 
 local raw = redis.call('HGET', K_WINFO, ticket)
 local info
 if raw then
   info = cjson.decode(raw)
-  if epoch < (info['e'] or 0) then return {8, info['e'], 0, now, limit} end
+  if epoch < (info['e'] or 0) then return finish({8, info['e'], 0, now, limit}) end
   if info['d'] ~= data or info['e'] ~= epoch then info['wk'] = 0 end
-  info['w'], info['e'], info['o'], info['d'] = weight, epoch, owner, data
+  info['w'], info['e'], info['o'], info['d'], info['g'] = weight, epoch, owner, data, grace
 else
-  info = {w = weight, since = now, e = epoch, o = owner, d = data, wk = 0}
+  info = {w = weight, since = now, e = epoch, o = owner, d = data, wk = 0, g = grace}
   redis.call('ZADD', K_WAITERS, redis.call('HINCRBY', K_META, 'seq', 1), ticket)
 end
 redis.call('HSET', K_WINFO, ticket, cjson.encode(info))
@@ -77,15 +100,15 @@ if mine then
   redis.call('ZADD', K_HOLDERS, expiry, ticket)
   redis.call('HSET', K_HINFO, ticket,
     cjson.encode({w = weight, at = now, f = fence, c = claim, o = owner}))
-  return {1, fence, expiry, now, limit}
+  -- `list` still holds the other waiters the free units belong to
+  return finish({1, fence, expiry, now, limit}, list)
 end
 
-local reply
 if place_ttl > 0 then
   redis.call('ZADD', K_WEXP, now + place_ttl, ticket)
-  reply = {5, redis.call('ZRANK', K_WAITERS, ticket), epoch, now, limit}
-else
-  drop_waiter(ticket)
-  reply = {7, 0, 0, now, limit}
+  return finish({5, redis.call('ZRANK', K_WAITERS, ticket), epoch, now, limit}, list)
 end
-return collect_wakes(list, ticket, now, grace, reply)
+drop_waiter(ticket)
+-- Leaving the line (a ticket that had a place and now asks not to keep it) can hand the units
+-- it stood in front of to those behind it: work out who is entitled again.
+return finish({7, 0, 0, now, limit})

@@ -1,0 +1,291 @@
+"""Settings and task options: one table, three levels.
+
+Every knob has one row in :data:`OPTIONS`: the task option name (``@limited(..., name=value)``
+or a ``semaphore_<name>`` attribute on a :class:`~celery_semaphore.LimitedTask`), the app setting
+(``app.conf.semaphore_<name>``, lowercase; Django's ``CELERY_SEMAPHORE_<NAME>`` works through
+Celery's namespace), the default, and a validator.  Resolution: task option, then app setting,
+then default.  Settings are read lazily with ``app.conf.get`` (never ``add_defaults``, whose
+values would beat ``config_from_object``) and validated at worker start.
+
+Settings that only exist at app level: ``semaphore_redis_url``, ``semaphore_key_prefix``,
+``semaphore_limits``, ``semaphore_enabled``, ``semaphore_eager_timeout``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlsplit
+
+from . import _validate
+from .keys import validate_prefix
+
+__all__ = [
+    "APP_SETTINGS",
+    "OPTIONS",
+    "Option",
+    "ResolvedOptions",
+    "redis_url_for",
+    "resolve",
+    "semaphore_limit",
+    "validate_app_settings",
+    "validate_task_options",
+]
+
+LEASE_LOST_POLICIES = ("log", "raise")
+
+
+def _bool(param: str, value: object) -> bool:
+    if not isinstance(value, bool):
+        raise TypeError(f"{param} must be True or False, got {type(value).__name__} {value!r}")
+    return value
+
+
+def _policy(param: str, value: object) -> str:
+    if value not in LEASE_LOST_POLICIES:
+        raise ValueError(
+            f"{param}={value!r} is not accepted: use one of {', '.join(LEASE_LOST_POLICIES)}"
+        )
+    return str(value)
+
+
+def _opt_int(param: str, value: object) -> int | None:
+    return None if value is None else _validate.positive_int(param, value)
+
+
+def _opt_seconds_nonneg(param: str, value: object) -> float | None:
+    return _validate.optional_non_negative_seconds(param, value)
+
+
+@dataclass(frozen=True)
+class Option:
+    """One row of the settings table."""
+
+    name: str  #: the task option (and, prefixed with ``semaphore_``, the app setting)
+    default: Any
+    check: Callable[[str, object], Any]
+    doc: str
+
+    @property
+    def setting(self) -> str:
+        return f"semaphore_{self.name}"
+
+
+OPTIONS: dict[str, Option] = {
+    o.name: o
+    for o in (
+        Option(
+            "lease_ttl",
+            60.0,
+            _validate.positive_seconds,
+            "Seconds a permit lasts unless refreshed by the heartbeat.",
+        ),
+        Option(
+            "heartbeat_interval",
+            None,
+            _validate.optional_positive_seconds,
+            "Seconds between lease refreshes; None means lease_ttl / 3.",
+        ),
+        Option(
+            "retry_backoff",
+            0.5,
+            _validate.positive_seconds,
+            "First back-off (seconds) when a task parks without a permit.",
+        ),
+        Option(
+            "retry_backoff_max",
+            30.0,
+            _validate.positive_seconds,
+            "Cap of the back-off; always kept below half the Redis broker's visibility_timeout.",
+        ),
+        Option(
+            "retry_jitter",
+            True,
+            _bool,
+            "Full jitter: each back-off is uniform in [0, backoff] rather than exactly backoff.",
+        ),
+        Option(
+            "max_wait",
+            None,
+            _opt_seconds_nonneg,
+            "Seconds a task may wait for a permit in all, then it fails with SemaphoreTimeout; "
+            "None waits forever.",
+        ),
+        Option(
+            "wait_timeout",
+            2.0,
+            _validate.non_negative_seconds,
+            "Seconds a task near the head of the line waits in its worker slot before parking.",
+        ),
+        Option(
+            "standby",
+            None,
+            _opt_int,
+            "How many waiters at the head of the line wait in their worker slot (the rest "
+            "park and free the slot); None means equal to the limit.",
+        ),
+        Option(
+            "on_lease_lost",
+            "log",
+            _policy,
+            "'log': log an error when the heartbeat finds the permit lost; 'raise': also raise "
+            "LeaseLost at the next celery_semaphore.checkpoint() in the task.",
+        ),
+    )
+}
+
+#: app-level settings (no task option), with default and validator
+APP_SETTINGS: dict[str, tuple[Any, Callable[[str, object], Any], str]] = {
+    "semaphore_redis_url": (
+        None,
+        lambda p, v: None if v is None else _validate.redis_url(p, _str(p, v)),
+        "Redis for the semaphores; default: a redis(s):// result backend, else a redis(s):// "
+        "broker.",
+    ),
+    "semaphore_key_prefix": (
+        "celery_semaphore",
+        lambda p, v: validate_prefix(v),
+        "First part of every Redis key.",
+    ),
+    "semaphore_limits": (
+        None,
+        lambda p, v: _limits(p, v),
+        "Dict of semaphore name -> limit, overriding the limit given in code.",
+    ),
+    "semaphore_enabled": (
+        True,
+        _bool,
+        "False runs limited tasks without acquiring anything (e.g. in tests).",
+    ),
+    "semaphore_eager_timeout": (
+        10.0,
+        _validate.positive_seconds,
+        "Seconds an eager or direct call blocks for a permit before SemaphoreTimeout "
+        "(semaphore_max_wait wins when set).",
+    ),
+}
+
+
+def _str(param: str, value: object) -> str:
+    if not isinstance(value, str):
+        raise TypeError(f"{param} must be a str, got {type(value).__name__} {value!r}")
+    return value
+
+
+def _limits(param: str, value: object) -> dict[str, int] | None:
+    if value is None:
+        return None
+    if not isinstance(value, Mapping):
+        raise TypeError(
+            f"{param} must be a dict of semaphore name -> limit, got {type(value).__name__} "
+            f"{value!r}"
+        )
+    return {
+        _validate.name(f"{param} key", k): _validate.positive_int(f"{param}[{k!r}]", v)
+        for k, v in value.items()
+    }
+
+
+def validate_task_options(options: Mapping[str, Any], *, where: str) -> dict[str, Any]:
+    """Check options given in code; unknown names are an error naming the known ones."""
+    unknown = sorted(set(options) - set(OPTIONS) - {"weight"})
+    if unknown:
+        raise TypeError(
+            f"{where}: unknown option(s) {', '.join(unknown)}; accepted: "
+            f"{', '.join(sorted([*OPTIONS, 'weight']))}"
+        )
+    checked: dict[str, Any] = {}
+    for key, value in options.items():
+        if key == "weight":
+            checked[key] = _validate.positive_int("weight", value)
+        else:
+            checked[key] = OPTIONS[key].check(key, value)
+    return checked
+
+
+def _conf_get(conf: Any, key: str, default: Any) -> Any:
+    return conf.get(key, default)
+
+
+def validate_app_settings(conf: Any) -> dict[str, Any]:
+    """Validate every ``semaphore_*`` setting present in ``conf``; raise on the first bad one.
+
+    Also rejects unknown ``semaphore_*`` keys (a typo would otherwise be silently ignored).
+    """
+    known = set(APP_SETTINGS) | {o.setting for o in OPTIONS.values()}
+    present = [k for k in conf if isinstance(k, str) and k.lower().startswith("semaphore_")]
+    unknown = sorted(k for k in present if k not in known)
+    if unknown:
+        raise ValueError(
+            f"unknown setting(s) {', '.join(unknown)}; celery-semaphore accepts: "
+            f"{', '.join(sorted(known))}"
+        )
+    out: dict[str, Any] = {}
+    for key, (default, check, _doc) in APP_SETTINGS.items():
+        out[key] = check(key, _conf_get(conf, key, default))
+    for opt in OPTIONS.values():
+        out[opt.setting] = opt.check(opt.setting, _conf_get(conf, opt.setting, opt.default))
+    return out
+
+
+@dataclass(frozen=True)
+class ResolvedOptions:
+    lease_ttl: float
+    heartbeat_interval: float
+    retry_backoff: float
+    retry_backoff_max: float
+    retry_jitter: bool
+    max_wait: float | None
+    wait_timeout: float
+    standby: int | None
+    on_lease_lost: str
+
+
+def resolve(conf: Any, task_options: Mapping[str, Any]) -> ResolvedOptions:
+    """Task option, then app setting, then default, for every row of the table."""
+    values: dict[str, Any] = {}
+    for opt in OPTIONS.values():
+        if opt.name in task_options:
+            values[opt.name] = task_options[opt.name]
+        else:
+            values[opt.name] = opt.check(opt.setting, _conf_get(conf, opt.setting, opt.default))
+    if values["heartbeat_interval"] is None:
+        values["heartbeat_interval"] = values["lease_ttl"] / 3
+    return ResolvedOptions(**values)
+
+
+def semaphore_limit(conf: Any, name: str, code_limit: int) -> int:
+    """``semaphore_limits[name]`` when configured, else the limit given in code."""
+    limits = _limits("semaphore_limits", _conf_get(conf, "semaphore_limits", None)) or {}
+    return limits.get(name, code_limit)
+
+
+def redis_url_for(conf: Any) -> str:
+    """``semaphore_redis_url``, else a redis(s):// result backend, else a redis(s):// broker."""
+    explicit = _conf_get(conf, "semaphore_redis_url", None)
+    if explicit:
+        return _validate.redis_url("semaphore_redis_url", _str("semaphore_redis_url", explicit))
+    for key in ("result_backend", "broker_url"):
+        value = _conf_get(conf, key, None)
+        if isinstance(value, str) and urlsplit(value).scheme in ("redis", "rediss"):
+            return value.split(";")[0]
+    raise ValueError(
+        "celery-semaphore needs Redis: set semaphore_redis_url (e.g. "
+        "'redis://localhost:6379/0'); neither result_backend nor broker_url is a redis:// "
+        f"or rediss:// URL (result_backend={_conf_get(conf, 'result_backend', None)!r}, "
+        f"broker_url={_conf_get(conf, 'broker_url', None)!r})"
+    )
+
+
+def visibility_timeout(conf: Any) -> float | None:
+    """The Redis broker's visibility_timeout, or None when the broker is not Redis."""
+    broker = _conf_get(conf, "broker_url", None) or ""
+    if not isinstance(broker, str) or urlsplit(broker).scheme not in (
+        "redis",
+        "rediss",
+        "sentinel",
+    ):
+        return None
+    options = _conf_get(conf, "broker_transport_options", None) or {}
+    return float(options.get("visibility_timeout", 3600))

@@ -1,0 +1,76 @@
+"""``@limited``: cap how many bodies of a task run at once, across all workers.
+
+Put it directly under the task decorator; no ``base=`` is needed::
+
+    @app.task(bind=True)
+    @limited("payment-gateway", limit=5)
+    def charge(self, customer_id, amount): ...
+
+The wrapper acquires inside the task body (so ``bind`` or not, eager or not, the user's code
+never runs without a permit) and releases in a ``finally``.  It keeps the function's signature,
+so Celery still checks the arguments of ``delay()``.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from .runtime import run_limited
+from .spec import LimitSpec
+
+__all__ = ["SPEC_ATTR", "limited", "spec_of"]
+
+SPEC_ATTR = "__semaphore__"
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+def limited(name: str, limit: int, **options: Any) -> Callable[[_F], _F]:
+    """Limit the decorated task to ``limit`` concurrent bodies (``weight`` units each) of the
+    semaphore ``name``.  ``options`` are task options from the settings table
+    (:mod:`celery_semaphore.config`); unknown ones raise ``TypeError`` here, at import time."""
+    where = f"@limited({name!r})"
+    spec = LimitSpec.build(name, limit, options, where=where)
+
+    def decorate(fun: _F) -> _F:
+        if hasattr(fun, "apply_async") or not callable(fun):
+            raise TypeError(
+                f"{where} must be placed directly under the task decorator, not above it:\n\n"
+                f"    @app.task(bind=True)\n    @limited({name!r}, limit={limit})\n"
+                f"    def my_task(self, ...): ...\n\ngot {fun!r}"
+            )
+        if getattr(fun, SPEC_ATTR, None) is not None:
+            raise TypeError(
+                f"{where}: {getattr(fun, '__qualname__', fun)!r} is already limited by "
+                f"{getattr(fun, SPEC_ATTR).name!r}; one @limited per task"
+            )
+
+        @functools.wraps(fun)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            from celery._state import get_current_task
+
+            task = get_current_task()
+            if task is None:
+                raise RuntimeError(
+                    f"{where}: {fun.__qualname__} was called outside a Celery task; call the "
+                    "task (task(...), .delay(), .apply()) rather than the raw function"
+                )
+            return run_limited(task, spec, lambda: fun(*args, **kwargs))
+
+        wrapper.__signature__ = inspect.signature(fun)  # type: ignore[attr-defined]
+        setattr(wrapper, SPEC_ATTR, spec)
+        return wrapper  # type: ignore[return-value]
+
+    return decorate
+
+
+def spec_of(task: Any) -> LimitSpec | None:
+    """The LimitSpec of a task made with ``@limited`` or ``LimitedTask``, else None."""
+    spec = getattr(type(task), "_semaphore_spec", None)
+    if isinstance(spec, LimitSpec):
+        return spec
+    fun = getattr(task, "_decorated_fun", None) or getattr(task, "run", None)
+    spec = getattr(fun, SPEC_ATTR, None)
+    return spec if isinstance(spec, LimitSpec) else None

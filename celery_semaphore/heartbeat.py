@@ -1,0 +1,158 @@
+"""One lease-refresh thread per process.
+
+Permits held by running tasks are registered here; a single daemon thread refreshes each of them
+every ``interval`` seconds.  The thread is started lazily on the first registration in a process
+and again after ``fork()`` (it checks the pid: ``fork`` copies only the calling thread), so it
+works for prefork children, the threads pool (many permits in one process) and solo alike.
+
+A refresh that finds the permit gone marks ``permit.lost``, logs an error naming the semaphore
+and task, and calls the registered callback; the thread never dies on an exception.
+
+The same thread also *sweeps* the semaphores this process uses (:meth:`Heartbeat.watch`):
+about once a second it runs ``reclaim()`` on each, which takes back expired leases and wakes
+the waiters that free units belong to.  That covers units freed by someone who cannot wake a
+parked Celery task (an expired lease, a release from a script or the CLI).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from . import clock
+from .semaphore import Permit, Semaphore
+
+__all__ = ["Heartbeat", "heartbeat"]
+
+log = logging.getLogger("celery_semaphore.heartbeat")
+
+LostCallback = Callable[[Permit], None]
+#: seconds between sweeps of the watched semaphores
+SWEEP_INTERVAL = 1.0
+
+
+@dataclass
+class _Entry:
+    permit: Permit
+    interval: float
+    task_id: str | None
+    on_lost: LostCallback | None
+    due: float = field(default=0.0)
+
+
+class Heartbeat:
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._entries: dict[int, _Entry] = {}
+        self._pid = -1
+        self._thread: threading.Thread | None = None
+        self._changed = threading.Event()
+        self._watched: dict[int, Semaphore] = {}
+        self._next_sweep = 0.0
+
+    def watch(self, semaphore: Semaphore) -> None:
+        """Sweep ``semaphore`` about once a second from now on (in this process)."""
+        with self._lock:
+            self._watched[id(semaphore)] = semaphore
+            self._ensure_thread()
+
+    def register(
+        self,
+        permit: Permit,
+        *,
+        interval: float,
+        task_id: str | None = None,
+        on_lost: LostCallback | None = None,
+    ) -> None:
+        entry = _Entry(permit, interval, task_id, on_lost, clock.monotonic() + interval)
+        with self._lock:
+            self._entries[id(permit)] = entry
+            self._ensure_thread()
+        self._changed.set()
+
+    def unregister(self, permit: Permit) -> None:
+        with self._lock:
+            self._entries.pop(id(permit), None)
+
+    def held(self) -> list[Permit]:
+        """Permits registered in this process right now."""
+        with self._lock:
+            return [e.permit for e in self._entries.values()]
+
+    def _ensure_thread(self) -> None:
+        pid = os.getpid()
+        if self._pid != pid or self._thread is None or not self._thread.is_alive():
+            self._pid = pid
+            self._changed = threading.Event()
+            self._thread = threading.Thread(
+                target=self._loop, name="celery-semaphore-heartbeat", daemon=True
+            )
+            self._thread.start()
+
+    def _loop(self) -> None:
+        pid = os.getpid()
+        while self._pid == pid:
+            with self._lock:
+                entries = list(self._entries.values())
+            now = clock.monotonic()
+            next_due = now + 5.0
+            for entry in entries:
+                if entry.due <= now:
+                    self._refresh(entry)
+                    entry.due = clock.monotonic() + entry.interval
+                next_due = min(next_due, entry.due)
+            if self._watched:
+                if self._next_sweep <= now:
+                    self._sweep()
+                    self._next_sweep = clock.monotonic() + SWEEP_INTERVAL
+                next_due = min(next_due, self._next_sweep)
+            self._changed.wait(max(0.01, next_due - clock.monotonic()))
+            self._changed.clear()
+
+    def _sweep(self) -> None:
+        with self._lock:
+            watched = list(self._watched.values())
+        for sem in watched:
+            try:
+                sem.reclaim()
+            except Exception as exc:
+                log.debug("semaphore %r: sweep failed: %s", sem.name, exc)
+
+    def _refresh(self, entry: _Entry) -> None:
+        permit = entry.permit
+        if permit.released or permit.lost:
+            self.unregister(permit)
+            return
+        try:
+            alive = permit.refresh()
+        except Exception as exc:  # a Redis blip: keep going, the lease has slack
+            log.warning(
+                "semaphore %r: lease refresh failed for task %s (token %s): %s; will retry",
+                permit.semaphore.name,
+                entry.task_id,
+                permit.token,
+                exc,
+            )
+            return
+        if alive or permit.released:
+            return
+        self.unregister(permit)
+        log.error(
+            "semaphore %r: permit LOST for task %s (token %s): its lease expired and was "
+            "reclaimed, so another task may now hold this unit",
+            permit.semaphore.name,
+            entry.task_id,
+            permit.token,
+        )
+        if entry.on_lost is not None:
+            try:
+                entry.on_lost(permit)
+            except Exception:
+                log.exception("semaphore %r: lease-lost callback failed", permit.semaphore.name)
+
+
+#: the process-wide heartbeat
+heartbeat = Heartbeat()

@@ -1,0 +1,470 @@
+"""What happens when a limited task runs: acquire, wait or park, hold, release.
+
+Both public forms, :func:`~celery_semaphore.limited` and
+:class:`~celery_semaphore.LimitedTask`, end up in :func:`run_limited`, which wraps the task body
+(``call``) in a ``try/finally``.  That is the one place that sees every exit of the body
+(success, exception, ``self.retry()``, ``Ignore``, ``Reject``, soft time limit, ``SystemExit``
+from a terminate or cold shutdown), unlike ``after_return``, which Celery skips for RETRY,
+IGNORED and REJECTED.  Deaths the child cannot see (hard time limit, SIGKILL, OOM) are handled
+in the parent by :mod:`celery_semaphore.signals`.
+
+A timeline of a task that waits, then runs::
+
+    worker A: task T arrives ──► try_acquire(ticket "T-id:0")  → WAITING, position 3
+              position < standby → wait in the slot (BLPOP on T's wake list) up to
+              wait_timeout → still WAITING → park: keep the place (epoch 1, wake data = a copy
+              of T), publish T again with countdown = backoff, ack (Ignore).  Slot is free.
+    worker B: a holder releases ──► the release script names T (its units are now T's) ─►
+              B publishes T's wake copy at once (no countdown).
+    worker A/B: the first copy of T to arrive is granted (same ticket, so the same place);
+              the other copy later finds the ticket held or done and is dropped.
+
+Tickets are ``<task id>:<retries>``, so the user's own ``self.retry()`` is a new execution with
+a new place, while semaphore waits keep ``retries`` (and so ``max_retries``) untouched.  The
+wait state travels in the ``semaphore_wait`` message header, merged into the other headers.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import threading
+import time
+import uuid
+from collections import OrderedDict
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, NoReturn, TypeVar
+
+from kombu.utils import json as kombu_json
+
+from . import clock, config
+from .exceptions import LeaseLost, SemaphoreBackendError, SemaphoreError, SemaphoreTimeout
+from .heartbeat import heartbeat
+from .semaphore import Attempt, AttemptStatus, Permit, Semaphore
+from .spec import LimitSpec
+
+__all__ = [
+    "HEADER",
+    "WaitState",
+    "checkpoint",
+    "current_permits",
+    "handled_here",
+    "note_handled",
+    "run_limited",
+    "semaphore_for",
+]
+
+HEADER = "semaphore_wait"
+#: seconds a parked waiter's place outlives its countdown, to cover broker delivery delays
+PLACE_SLACK = 30.0
+#: a parked waiter is re-woken (another copy published) at most this often
+PARKED_WAKE_GRACE = 5.0
+
+log_acquire = logging.getLogger("celery_semaphore.acquire")
+log_release = logging.getLogger("celery_semaphore.release")
+
+_T = TypeVar("_T")
+_local = threading.local()
+
+_handled_lock = threading.Lock()
+_handled: OrderedDict[str, None] = OrderedDict()
+
+
+def note_handled(token: str) -> None:
+    """Record that this process ran ``token``'s body (and so released it itself)."""
+    with _handled_lock:
+        _handled[token] = None
+        while len(_handled) > 10_000:
+            _handled.popitem(last=False)
+
+
+def handled_here(token: str) -> bool:
+    with _handled_lock:
+        return token in _handled
+
+
+@dataclass(frozen=True)
+class WaitState:
+    """The ``semaphore_wait`` header: how this copy of the task has waited so far."""
+
+    epoch: int = 0
+    claim: str | None = None
+    waits: int = 0
+    first_wait: float | None = None
+
+    @classmethod
+    def from_request(cls, request: Any) -> WaitState:
+        headers = getattr(request, "headers", None) or {}
+        raw = headers.get(HEADER) if isinstance(headers, Mapping) else None
+        if raw is None:
+            raw = getattr(request, HEADER, None)
+        # A header from another attempt (the user's self.retry() copies headers) is void.
+        if not isinstance(raw, Mapping) or raw.get("r") != (request.retries or 0):
+            return cls()
+        first = raw.get("t0")
+        return cls(
+            epoch=int(raw.get("e", 0)),
+            claim=str(raw["c"]) if raw.get("c") else None,
+            waits=int(raw.get("n", 0)),
+            first_wait=float(first) if first is not None else None,
+        )
+
+    def header(self, retries: int) -> dict[str, Any]:
+        return {
+            "r": retries,
+            "e": self.epoch,
+            "c": self.claim,
+            "n": self.waits,
+            "t0": self.first_wait,
+        }
+
+
+# -- per-process semaphore objects -----------------------------------------------------------
+
+_cache_lock = threading.Lock()
+_clients: dict[tuple[int, str], Any] = {}
+_semaphores: dict[tuple[Any, ...], Semaphore] = {}
+
+
+def _client(url: str) -> Any:
+    import redis
+
+    key = (os.getpid(), url)
+    with _cache_lock:
+        client = _clients.get(key)
+        if client is None:
+            client = _clients[key] = redis.Redis.from_url(url)
+        return client
+
+
+def semaphore_for(app: Any, name: str, limit: int, lease_ttl: float) -> Semaphore:
+    """The (cached) Semaphore for ``name`` under ``app``'s settings, in this process."""
+    conf = app.conf
+    url = config.redis_url_for(conf)
+    prefix = conf.get("semaphore_key_prefix", "celery_semaphore")
+    key = (os.getpid(), url, prefix, name, limit, lease_ttl, id(app))
+    sem = _semaphores.get(key)
+    if sem is None:
+        sem = Semaphore(
+            name,
+            limit,
+            redis=_client(url),
+            lease_ttl=lease_ttl,
+            key_prefix=prefix,
+            on_wake=_Redispatcher(app),
+        )
+        with _cache_lock:
+            sem = _semaphores.setdefault(key, sem)
+        heartbeat.watch(sem)
+    return sem
+
+
+class _Redispatcher:
+    """``on_wake`` for the Celery layer: publish the parked task's wake copy now."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    def __call__(self, ticket: str, data: str) -> None:
+        from celery.canvas import Signature
+
+        sig = Signature.from_dict(kombu_json.loads(data), app=self.app)  # type: ignore[no-untyped-call]
+        sig.apply_async()
+        log_acquire.info("semaphore wake-up: re-dispatched parked task %s now", ticket)
+
+
+# -- helpers for task code --------------------------------------------------------------------
+
+
+def current_permits() -> list[Permit]:
+    """The permits the task running in this thread holds (empty outside a limited task)."""
+    return list(getattr(_local, "permits", ()))
+
+
+def checkpoint() -> None:
+    """Raise :class:`~celery_semaphore.LeaseLost` if a permit of the running task was lost and
+    its ``on_lease_lost`` policy is ``"raise"``.  Call it between steps of long tasks."""
+    for permit in current_permits():
+        if permit.lost and getattr(permit, "_cs_policy", "log") == "raise":
+            raise LeaseLost(
+                f"semaphore {permit.semaphore.name!r}: the permit (token {permit.token}) was "
+                "lost: its lease expired and another task may hold the unit",
+                name=permit.semaphore.name,
+                limit=permit.semaphore.limit,
+                token=permit.token,
+            )
+
+
+# -- the main path ----------------------------------------------------------------------------
+
+
+def run_limited(task: Any, spec: LimitSpec, call: Callable[[], _T]) -> _T:
+    """Run ``call`` (the task body) while holding ``spec``'s permit."""
+    app = task.app
+    conf = app.conf
+    if not conf.get("semaphore_enabled", True):
+        return call()  # explicitly disabled (e.g. in the user's unit tests)
+    request = task.request
+    opts = config.resolve(conf, spec.options)
+    name = spec.name
+    limit = config.semaphore_limit(conf, name, spec.limit)
+    sem = semaphore_for(app, name, limit, opts.lease_ttl)
+    weight = spec.weight
+    if weight > limit:
+        raise ValueError(
+            f"task {task.name}: weight={weight} exceeds the limit of semaphore {name!r} "
+            f"({limit}, from semaphore_limits); use a weight from 1 to {limit}"
+        )
+    owner = {
+        "task_id": request.id,
+        "task": task.name,
+        "host": request.hostname or "",
+        "pid": os.getpid(),
+    }
+    if request.called_directly or request.is_eager or not request.id:
+        return _run_blocking(task, sem, weight, opts, owner, call)
+    return _run_in_worker(task, sem, weight, opts, owner, call)
+
+
+def _run_blocking(
+    task: Any,
+    sem: Semaphore,
+    weight: int,
+    opts: config.ResolvedOptions,
+    owner: dict[str, Any],
+    call: Callable[[], _T],
+) -> _T:
+    """Eager mode and direct calls: a Retry would recurse, so block for a bounded time."""
+    bound = opts.max_wait
+    if bound is None:
+        bound = float(task.app.conf.get("semaphore_eager_timeout", 10.0))
+    started = clock.monotonic()
+    permit = sem.acquire(weight=weight, timeout=bound, owner=owner)
+    if permit is None:
+        raise _timeout(task, sem, clock.monotonic() - started, bound)
+    return _hold(task, sem, permit, opts, WaitState(), call)
+
+
+def _timeout(task: Any, sem: Semaphore, waited: float, bound: float) -> SemaphoreTimeout:
+    return SemaphoreTimeout(
+        f"task {task.name}[{task.request.id}] waited {waited:.1f}s for semaphore "
+        f"{sem.name!r} (limit {sem.limit}) and gave up (max wait {bound}s)",
+        name=sem.name,
+        limit=sem.limit,
+        waited=waited,
+    )
+
+
+def _run_in_worker(
+    task: Any,
+    sem: Semaphore,
+    weight: int,
+    opts: config.ResolvedOptions,
+    owner: dict[str, Any],
+    call: Callable[[], _T],
+) -> _T:
+    request = task.request
+    state = WaitState.from_request(request)
+    ticket = f"{request.id}:{request.retries or 0}"
+    claim = state.claim or ticket
+    common: dict[str, Any] = {
+        "weight": weight,
+        "owner": owner,
+        "claim": claim,
+        "epoch": state.epoch,
+        "check_done": state.epoch > 0,
+        "lease_ttl": opts.lease_ttl,
+    }
+    try:
+        attempt = sem.try_acquire(ticket, place_ttl=opts.wait_timeout + PLACE_SLACK, **common)
+        standby = opts.standby if opts.standby is not None else sem.limit
+        if (
+            attempt.status is AttemptStatus.WAITING
+            and opts.wait_timeout > 0
+            and (attempt.position or 0) < standby
+        ):
+            attempt = sem.wait(
+                ticket,
+                timeout=opts.wait_timeout,
+                place_ttl=opts.wait_timeout + PLACE_SLACK,
+                **common,
+            )
+    except SemaphoreBackendError as exc:
+        # Fail closed: no permit, no body.  Come back later; nothing is lost.
+        log_acquire.warning(
+            "task %s[%s]: semaphore %r unavailable (%s); retrying later without running",
+            task.name,
+            request.id,
+            sem.name,
+            exc,
+        )
+        attempt = _park(task, sem, state, opts, ticket, common, registered=False)
+    if attempt.permit is not None:
+        return _hold(task, sem, attempt.permit, opts, state, call)
+    if attempt.status is AttemptStatus.WAITING:
+        attempt = _park(task, sem, state, opts, ticket, common, registered=True)
+        if attempt.permit is not None:
+            return _hold(task, sem, attempt.permit, opts, state, call)
+    return _drop_duplicate(task, sem, attempt)
+
+
+def _drop_duplicate(task: Any, sem: Semaphore, attempt: Attempt) -> NoReturn:
+    from celery.exceptions import Ignore
+
+    log_acquire.info(
+        "task %s[%s]: semaphore %r: this copy is a duplicate (%s); dropped, the other copy "
+        "runs (or ran) the task",
+        task.name,
+        task.request.id,
+        sem.name,
+        attempt.status.name,
+    )
+    raise Ignore()
+
+
+def _park(
+    task: Any,
+    sem: Semaphore,
+    state: WaitState,
+    opts: config.ResolvedOptions,
+    ticket: str,
+    common: dict[str, Any],
+    *,
+    registered: bool,
+) -> Attempt:
+    """Free the worker slot: keep the place, publish a copy with a countdown, ack this one.
+
+    Returns only when the permit was granted in the meantime; otherwise raises ``Ignore`` (or
+    ``SemaphoreTimeout`` past ``max_wait``)."""
+    from celery.exceptions import Ignore
+
+    request = task.request
+    now = time.time()
+    first = state.first_wait if state.first_wait is not None else now
+    waited = now - first
+    if opts.max_wait is not None and waited >= opts.max_wait:
+        _withdraw_quietly(sem, ticket)
+        raise _timeout(task, sem, waited, opts.max_wait)
+    countdown = _backoff(task, opts, state.waits)
+    if opts.max_wait is not None:
+        countdown = min(countdown, max(0.0, opts.max_wait - waited) + 0.05)
+    retries = request.retries or 0
+    epoch = state.epoch + 1
+    later = WaitState(epoch, uuid.uuid4().hex, state.waits + 1, first)
+    woken = WaitState(epoch, uuid.uuid4().hex, state.waits + 1, first)
+    headers = {k: v for k, v in dict(request.headers or {}).items() if k != HEADER}
+    sig = task.signature_from_request(request, headers={**headers, HEADER: later.header(retries)})
+    if registered:
+        wake_data = _wake_data(task, request, headers, woken.header(retries))
+        attempt = sem.try_acquire(
+            ticket,
+            place_ttl=countdown + max(PLACE_SLACK, opts.lease_ttl),
+            wake_data=wake_data,
+            wake_grace=PARKED_WAKE_GRACE,
+            **{**common, "epoch": epoch},
+        )
+        if attempt.permit is not None:
+            return attempt  # a unit came free meanwhile: run now
+        if attempt.status is not AttemptStatus.WAITING:
+            return attempt
+        position = attempt.position
+    else:
+        position = None
+    sig.apply_async(countdown=countdown)
+    log_acquire.info(
+        "task %s[%s] waits for semaphore %r (limit %d, position %s, waited %.1fs): parked for "
+        "%.2fs (wait #%d)",
+        task.name,
+        request.id,
+        sem.name,
+        sem.limit,
+        position,
+        waited,
+        countdown,
+        later.waits,
+    )
+    raise Ignore()
+
+
+def _wake_data(task: Any, request: Any, headers: dict[str, Any], header: dict[str, Any]) -> str:
+    """The wake copy as JSON, or '' when the arguments are not JSON-serializable (then the
+    task comes back on its countdown only)."""
+    sig = task.signature_from_request(request, headers={**headers, HEADER: header})
+    try:
+        return str(kombu_json.dumps(dict(sig)))  # type: ignore[no-untyped-call]
+    except (TypeError, ValueError):
+        return ""
+
+
+def _backoff(task: Any, opts: config.ResolvedOptions, waits: int) -> float:
+    cap = opts.retry_backoff_max
+    vt = config.visibility_timeout(task.app.conf)
+    if vt is not None:
+        cap = min(cap, vt / 2)
+    ceiling = min(cap, opts.retry_backoff * (2 ** min(waits, 32)))
+    return random.uniform(0, ceiling) if opts.retry_jitter else ceiling
+
+
+def _withdraw_quietly(sem: Semaphore, ticket: str) -> None:
+    try:
+        sem.withdraw(ticket)
+    except SemaphoreError as exc:
+        log_acquire.warning("semaphore %r: could not withdraw %s: %s", sem.name, ticket, exc)
+
+
+def _hold(
+    task: Any,
+    sem: Semaphore,
+    permit: Permit,
+    opts: config.ResolvedOptions,
+    state: WaitState,
+    call: Callable[[], _T],
+) -> _T:
+    permit._cs_policy = opts.on_lease_lost  # type: ignore[attr-defined]
+    heartbeat.register(permit, interval=opts.heartbeat_interval, task_id=task.request.id)
+    note_handled(permit.token)
+    permits: list[Permit] = _local.__dict__.setdefault("permits", [])
+    permits.append(permit)
+    try:
+        return call()
+    finally:
+        permits.remove(permit)
+        heartbeat.unregister(permit)
+        # a ticket that parked may have other copies in flight: remember it long enough that
+        # they find it done and drop themselves
+        tomb = None
+        if state.epoch > 0:
+            tomb = 2 * (opts.retry_backoff_max + PLACE_SLACK + opts.lease_ttl)
+        release_with_retry(permit, tombstone_ttl=tomb, task_id=task.request.id)
+
+
+def release_with_retry(
+    permit: Permit, *, tombstone_ttl: float | None = None, task_id: str | None = None
+) -> bool:
+    """Release, retrying briefly on a Redis blip; then leave it to lease expiry, logged."""
+    delays = (0.05, 0.2, 0.5)
+    for attempt, delay in enumerate((0.0, *delays)):
+        clock.sleep(delay)
+        try:
+            return permit.release(tombstone_ttl=tombstone_ttl)
+        except SemaphoreBackendError as exc:
+            last = exc
+            log_release.warning(
+                "semaphore %r: release failed for task %s (try %d): %s",
+                permit.semaphore.name,
+                task_id,
+                attempt + 1,
+                exc,
+            )
+    log_release.error(
+        "semaphore %r: could not release the permit of task %s (token %s): %s; it will come "
+        "back when its lease expires (at most lease_ttl=%.0fs)",
+        permit.semaphore.name,
+        task_id,
+        permit.token,
+        last,
+        permit.semaphore.lease_ttl,
+    )
+    return False

@@ -1,0 +1,105 @@
+"""Worker wiring: validate settings at start, and release in the parent what a dead child held.
+
+* ``worker_init`` (main process, every pool): validate every ``semaphore_*`` setting; an invalid
+  one stops the worker with a message naming the setting.
+* ``task_failure`` and ``task_revoked`` in the process that did *not* run the body (the prefork
+  parent, after a hard time limit, a SIGKILL or OOM of the child, or a terminate): release the
+  dead execution's permit at once, found by its token (``<task id>:<retries>``), instead of
+  waiting for the lease to expire.  The release checks the claim, so it can never free a permit
+  held by another copy of the task.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from celery import signals
+
+from . import config
+from .decorators import spec_of
+from .exceptions import SemaphoreError
+from .runtime import WaitState, handled_here, semaphore_for
+
+__all__ = ["connect"]
+
+log = logging.getLogger("celery_semaphore.release")
+
+
+def _on_worker_init(sender: Any = None, **_: Any) -> None:
+    app = getattr(sender, "app", None)
+    if app is None:
+        return
+    try:
+        config.validate_app_settings(app.conf)
+        if any(spec_of(t) is not None for t in list(app.tasks.values())):
+            config.redis_url_for(app.conf)
+    except (TypeError, ValueError) as exc:
+        log.critical("celery-semaphore: invalid configuration: %s", exc)
+        raise SystemExit(f"celery-semaphore: invalid configuration: {exc}") from exc
+
+
+def _release_dead(task: Any, task_id: str | None, request: Any, why: str) -> None:
+    spec = spec_of(task)
+    if spec is None or not task_id or request is None or getattr(request, "id", None) != task_id:
+        return
+    token = f"{task_id}:{getattr(request, 'retries', 0) or 0}"
+    if handled_here(token):
+        return
+    app = task.app
+    if not app.conf.get("semaphore_enabled", True):
+        return
+    state = WaitState.from_request(request)
+    try:
+        opts = config.resolve(app.conf, spec.options)
+        limit = config.semaphore_limit(app.conf, spec.name, spec.limit)
+        sem = semaphore_for(app, spec.name, limit, opts.lease_ttl)
+        released = sem.release_token(token, claim=state.claim or token)
+    except (SemaphoreError, ValueError) as exc:
+        log.error(
+            "semaphore %r: could not release task %s after %s: %s", spec.name, task_id, why, exc
+        )
+        return
+    if released:
+        log.warning(
+            "semaphore %r: released the permit of task %s[%s] after %s",
+            spec.name,
+            task.name,
+            task_id,
+            why,
+        )
+
+
+def _on_task_failure(
+    sender: Any = None, task_id: str | None = None, exception: BaseException | None = None, **_: Any
+) -> None:
+    if sender is None:
+        return
+    _release_dead(
+        sender,
+        task_id,
+        getattr(sender, "request", None),
+        f"{type(exception).__name__} in the worker",
+    )
+
+
+def _on_task_revoked(
+    sender: Any = None, request: Any = None, terminated: bool = False, **_: Any
+) -> None:
+    if sender is None or request is None or not terminated:
+        return
+    _release_dead(sender, getattr(request, "id", None), request, "revoke(terminate=True)")
+
+
+_connected = False
+
+
+def connect() -> None:
+    """Connect the handlers (idempotent; done on import of the package)."""
+    global _connected
+    if _connected:
+        return
+    signals.worker_init.connect(_on_worker_init, weak=False)
+    signals.task_failure.connect(_on_task_failure, weak=False)
+    signals.task_revoked.connect(_on_task_revoked, weak=False)
+    _connected = True

@@ -1,0 +1,111 @@
+"""``LimitedTask``: the class-based form of :func:`~celery_semaphore.limited`.
+
+As a base class::
+
+    class Transcode(LimitedTask):
+        semaphore_name = "gpu"
+        semaphore_limit = 4
+
+        def run(self, video_id): ...
+
+or as ``base=``, with the attributes as task options::
+
+    @app.task(base=LimitedTask, semaphore_name="gpu", semaphore_limit=4)
+    def transcode(video_id): ...
+
+Class attributes (each ``semaphore_<option>`` accepts the task options of
+:mod:`celery_semaphore.config`):
+
+* ``semaphore_name`` (str, required) and ``semaphore_limit`` (int >= 1, required);
+* ``semaphore_weight`` (int, default 1): units each run takes;
+* ``semaphore_lease_ttl``, ``semaphore_heartbeat_interval``, ``semaphore_retry_backoff``,
+  ``semaphore_retry_backoff_max``, ``semaphore_retry_jitter``, ``semaphore_max_wait``,
+  ``semaphore_wait_timeout``, ``semaphore_standby``, ``semaphore_on_lease_lost``: override the
+  app setting of the same name for this task.
+
+The ``run`` method of every concrete subclass is wrapped when the class is created, so the
+check that a name and limit are set happens at import time, never silently unlimited.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, ClassVar
+
+from celery import Task
+
+from .config import OPTIONS
+from .decorators import SPEC_ATTR
+from .runtime import run_limited
+from .spec import LimitSpec
+
+__all__ = ["LimitedTask"]
+
+_OPTION_ATTRS = {f"semaphore_{name}": name for name in [*OPTIONS, "weight"]}
+
+
+class LimitedTask(Task):  # type: ignore[misc]
+    """A Celery Task whose body runs only while holding a permit of ``semaphore_name``."""
+
+    semaphore_name: ClassVar[str | None] = None
+    semaphore_limit: ClassVar[int | None] = None
+    _semaphore_spec: ClassVar[LimitSpec | None] = None
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        run = cls.__dict__.get("run")
+        if run is None:
+            return  # an intermediate class; its concrete subclasses are checked
+        fun = run.__func__ if isinstance(run, staticmethod) else run
+        if getattr(fun, SPEC_ATTR, None) is not None:
+            if cls.semaphore_name is not None:
+                raise TypeError(
+                    f"{cls.__qualname__}: use either @limited on the function or "
+                    "semaphore_name on the LimitedTask class, not both"
+                )
+            return  # @limited already wraps the body
+        where = f"LimitedTask {cls.__qualname__}"
+        if cls.semaphore_name is None or cls.semaphore_limit is None:
+            raise TypeError(
+                f"{where} needs semaphore_name and semaphore_limit, e.g.\n\n"
+                f"    class {cls.__name__}(LimitedTask):\n        semaphore_name = 'gpu'\n"
+                f"        semaphore_limit = 4\n\nor @app.task(base=LimitedTask, "
+                "semaphore_name='gpu', semaphore_limit=4)"
+            )
+        options = {
+            opt: getattr(cls, attr)
+            for attr, opt in _OPTION_ATTRS.items()
+            if getattr(cls, attr, None) is not None
+        }
+        unknown = sorted(
+            a
+            for a in dir(cls)
+            if a.startswith("semaphore_")
+            and a not in _OPTION_ATTRS
+            and a not in ("semaphore_name", "semaphore_limit")
+        )
+        if unknown:
+            raise TypeError(
+                f"{where}: unknown attribute(s) {', '.join(unknown)}; accepted: "
+                f"semaphore_name, semaphore_limit, {', '.join(sorted(_OPTION_ATTRS))}"
+            )
+        spec = LimitSpec.build(cls.semaphore_name, cls.semaphore_limit, options, where=where)
+        cls._semaphore_spec = spec
+
+        if isinstance(run, staticmethod):
+            body = run.__func__
+
+            @functools.wraps(body)
+            def static_run(*args: Any, **kw: Any) -> Any:
+                from celery._state import get_current_task
+
+                return run_limited(get_current_task(), spec, lambda: body(*args, **kw))
+
+            cls.run = staticmethod(static_run)
+        else:
+
+            @functools.wraps(run)
+            def method_run(self: Any, *args: Any, **kw: Any) -> Any:
+                return run_limited(self, spec, lambda: run(self, *args, **kw))
+
+            cls.run = method_run

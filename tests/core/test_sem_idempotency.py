@@ -1,0 +1,121 @@
+"""A re-sent script (redis-py retrying after a lost reply) changes nothing the second time;
+fencing tokens strictly increase."""
+
+from __future__ import annotations
+
+import itertools
+import json
+from collections.abc import Callable
+
+import redis
+
+from celery_semaphore import AttemptStatus, Semaphore
+
+SemaphoreFactory = Callable[..., Semaphore]
+
+
+def _used(client: redis.Redis, sem: Semaphore) -> int:
+    return int(client.hget(sem.keys.meta, "used") or 0)
+
+
+def _acquire_args(sem: Semaphore, ticket: str, weight: int, claim: str) -> list[object]:
+    # the exact ARGV that try_acquire sends (see acquire.lua)
+    return [ticket, weight, sem.limit, 60_000, 0, claim, json.dumps({}), "", 1000, 0, 0]
+
+
+def test_resent_acquire_script_is_idempotent(
+    make_semaphore: SemaphoreFactory, redis_client: redis.Redis
+) -> None:
+    sem = make_semaphore("resend", 5)
+    args = _acquire_args(sem, "ticket-1", 2, "claim-a")
+    first = sem._run("acquire", args)
+    second = sem._run("acquire", args)
+    assert int(first[0]) == AttemptStatus.GRANTED
+    assert int(second[0]) == AttemptStatus.ALREADY_HELD
+    assert int(second[1]) == int(first[1])  # the same fencing token
+    assert _used(redis_client, sem) == 2
+    assert sem.available() == 3
+    assert [(h.token, h.weight) for h in sem.holders()] == [("ticket-1", 2)]
+    assert int(redis_client.hget(sem.keys.meta, "fence") or 0) == 1
+
+
+def test_try_acquire_same_ticket_and_claim_twice(
+    make_semaphore: SemaphoreFactory, redis_client: redis.Redis
+) -> None:
+    sem = make_semaphore("resend-api", 3)
+    ticket = sem.new_ticket()
+    first = sem.try_acquire(ticket, weight=2, claim="worker-1")
+    again = sem.try_acquire(ticket, weight=2, claim="worker-1")
+    assert first.status is AttemptStatus.GRANTED
+    assert again.status is AttemptStatus.ALREADY_HELD
+    assert first.permit is not None
+    assert again.permit is not None
+    assert again.permit.fencing_token == first.permit.fencing_token
+    assert again.permit.token == first.permit.token == ticket
+    assert _used(redis_client, sem) == 2
+    assert sem.available() == 1
+
+    # another copy of the same ticket (a duplicate delivery) is refused
+    other = sem.try_acquire(ticket, weight=2, claim="worker-2")
+    assert other.status is AttemptStatus.HELD_ELSEWHERE
+    assert other.permit is None
+    assert _used(redis_client, sem) == 2
+
+
+def test_resent_release_frees_units_once(
+    make_semaphore: SemaphoreFactory, redis_client: redis.Redis
+) -> None:
+    sem = make_semaphore("release-twice", 4)
+    keep = sem.acquire(weight=1, blocking=False)
+    permit = sem.acquire(weight=2, blocking=False)
+    assert keep is not None
+    assert permit is not None
+    assert sem.available() == 1
+
+    assert sem.release_token(permit.token) is True
+    assert sem.available() == 3
+    assert _used(redis_client, sem) == 1
+    # the re-sent release finds the tombstone: reported done, nothing freed again
+    assert sem.release_token(permit.token) is True
+    assert sem.available() == 3
+    assert _used(redis_client, sem) == 1
+    assert [h.token for h in sem.holders()] == [keep.token]
+
+    # releasing a token that was never granted reports False and frees nothing
+    assert sem.release_token("never-granted") is False
+    assert _used(redis_client, sem) == 1
+    # a Permit object talks to Redis once: its second release reports False
+    again = sem.acquire(weight=2, blocking=False)
+    assert again is not None
+    assert again.release() is True
+    assert again.release() is False
+    assert again.released is True
+    assert sem.available() == 3
+
+
+def test_tombstone_is_reported_with_check_done(make_semaphore: SemaphoreFactory) -> None:
+    sem = make_semaphore("done", 1)
+    ticket = sem.new_ticket()
+    granted = sem.try_acquire(ticket)
+    assert granted.status is AttemptStatus.GRANTED
+    assert sem.release_token(ticket) is True
+    assert sem.try_acquire(ticket, check_done=True).status is AttemptStatus.DONE
+    assert sem.holders() == []
+
+
+def test_fencing_tokens_strictly_increase(make_semaphore: SemaphoreFactory) -> None:
+    sem = make_semaphore("fence", 3)
+    twin = make_semaphore("fence", 3)  # another client object of the same semaphore
+    tokens: list[int] = []
+    for i in range(20):
+        s = sem if i % 2 else twin
+        permit = s.acquire(weight=1 + i % 3, blocking=False)
+        assert permit is not None
+        tokens.append(permit.fencing_token)
+        if i % 4 != 3:
+            permit.release()
+        else:
+            # one expired lease in between: its replacement still gets a higher token
+            assert s.client.zadd(s.keys.holders, {permit.token: 0}, xx=True, ch=True) == 1
+    assert all(a < b for a, b in itertools.pairwise(tokens)), tokens
+    assert sem.holders() == []

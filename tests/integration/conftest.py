@@ -1,0 +1,51 @@
+"""Fixtures for the Celery-layer tests: an :class:`Env` per test (its own key prefix and queue),
+on the Redis broker or on RabbitMQ."""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import Iterator
+
+import pytest
+
+from celery_semaphore.testing import RedisServer
+from tests.conftest import delete_prefix
+
+from .workers import Env
+
+RABBIT_URL = os.environ.get("CELERY_SEMAPHORE_TEST_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672//")
+
+
+def _rabbit_reachable() -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", 5672), timeout=1):
+            return True
+    except OSError:
+        return False
+
+
+@pytest.fixture
+def env(redis_server: RedisServer) -> Iterator[Env]:
+    """Redis as broker and semaphore store."""
+    e = Env(redis_url=redis_server.url(0), broker_url=redis_server.url(0))
+    yield e
+    client = redis_server.client(0)
+    delete_prefix(client, e.prefix)
+    client.delete(e.queue)
+    client.close()
+
+
+@pytest.fixture
+def rabbit_env(redis_server: RedisServer) -> Iterator[Env]:
+    """RabbitMQ as broker, Redis as semaphore store (required on CI)."""
+    if not _rabbit_reachable():
+        message = f"RabbitMQ not reachable at {RABBIT_URL}"
+        if os.environ.get("CI", "").lower() == "true":
+            pytest.fail(message, pytrace=False)
+        pytest.skip(message)
+    e = Env(redis_url=redis_server.url(0), broker_url=RABBIT_URL)
+    yield e
+    client = redis_server.client(0)
+    delete_prefix(client, e.prefix)
+    client.close()

@@ -1,0 +1,255 @@
+"""The Celery app the integration tests run in real worker subprocesses.
+
+Configured from environment variables so each test (module) can point it at its own Redis
+database, broker, queue and key prefix:
+
+* ``CS_BROKER`` (default: the Redis URL), ``CS_REDIS`` (semaphores and test bookkeeping),
+  ``CS_PREFIX`` (semaphore key prefix, also used for the bookkeeping keys), ``CS_QUEUE``;
+* ``CS_LIMIT`` (default 2), ``CS_LEASE`` (default 60), ``CS_EXTRA`` (JSON dict of extra conf).
+
+Bookkeeping is independent of the semaphore: every limited body increments ``<prefix>:inside``
+on entry (tracking the maximum in ``<prefix>:max``), decrements it on exit, and appends its
+task id to ``<prefix>:ran`` (the ledger).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from typing import Any
+
+import redis
+from celery import Celery
+from celery.exceptions import Ignore, Reject, SoftTimeLimitExceeded
+
+from celery_semaphore import LimitedTask, limited
+
+REDIS = os.environ.get("CS_REDIS", "redis://127.0.0.1:6379/0")
+PREFIX = os.environ.get("CS_PREFIX", "cstest")
+QUEUE = os.environ.get("CS_QUEUE", "celery")
+LIMIT = int(os.environ.get("CS_LIMIT", "2"))
+LEASE = float(os.environ.get("CS_LEASE", "60"))
+
+app = Celery("proj", broker=os.environ.get("CS_BROKER", REDIS), backend=REDIS)
+app.conf.update(
+    semaphore_redis_url=REDIS,
+    semaphore_key_prefix=PREFIX,
+    task_default_queue=QUEUE,
+    worker_prefetch_multiplier=1,
+    broker_connection_retry_on_startup=True,
+    worker_hijack_root_logger=False,
+    **json.loads(os.environ.get("CS_EXTRA", "{}")),
+)
+
+_client: redis.Redis | None = None
+_pid = -1
+
+ENTER = """
+local n = redis.call('INCR', KEYS[1])
+if n > tonumber(redis.call('GET', KEYS[2]) or '0') then redis.call('SET', KEYS[2], n) end
+redis.call('RPUSH', KEYS[3], ARGV[1])
+return n
+"""
+
+
+def bookkeeping() -> redis.Redis:
+    global _client, _pid
+    if _client is None or _pid != os.getpid():
+        _client, _pid = redis.Redis.from_url(REDIS), os.getpid()
+    return _client
+
+
+class Body:
+    """Enter/leave bookkeeping around a limited body (an independent concurrency counter)."""
+
+    def __init__(self, tag: str, name: str = "main") -> None:
+        self.tag, self.name = tag, name
+
+    def __enter__(self) -> Body:
+        r = bookkeeping()
+        r.eval(
+            ENTER,
+            3,
+            f"{PREFIX}:inside:{self.name}",
+            f"{PREFIX}:max:{self.name}",
+            f"{PREFIX}:ran",
+            self.tag,
+        )
+        r.rpush(f"{PREFIX}:started", f"{self.tag}:{time.time()}")
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        bookkeeping().decr(f"{PREFIX}:inside:{self.name}")
+        bookkeeping().rpush(f"{PREFIX}:finished", f"{self.tag}:{time.time()}")
+
+
+@app.task(bind=True)
+@limited("main", limit=LIMIT, lease_ttl=LEASE)
+def work(self: Any, tag: str, seconds: float = 0.05) -> str:
+    with Body(tag):
+        time.sleep(seconds)
+    return tag
+
+
+@app.task
+@limited("main", limit=LIMIT, lease_ttl=LEASE)
+def work_unbound(tag: str, seconds: float = 0.05) -> str:
+    with Body(tag):
+        time.sleep(seconds)
+    return tag
+
+
+@app.task(bind=True, max_retries=1, default_retry_delay=0.1)
+@limited("main", limit=LIMIT, lease_ttl=LEASE)
+def user_retry(self: Any, tag: str) -> str:
+    with Body(f"{tag}:{self.request.retries}"):
+        pass
+    if self.request.retries == 0:
+        raise self.retry(countdown=0.1)
+    return f"{tag}:retries={self.request.retries}"
+
+
+@app.task(bind=True)
+@limited("main", limit=LIMIT, lease_ttl=LEASE)
+def ignore_me(self: Any, tag: str) -> None:
+    with Body(tag):
+        pass
+    raise Ignore()
+
+
+@app.task(bind=True, acks_late=True)
+@limited("main", limit=LIMIT, lease_ttl=LEASE)
+def reject_me(self: Any, tag: str) -> None:
+    with Body(tag):
+        pass
+    raise Reject("no thanks", requeue=False)
+
+
+@app.task(bind=True, autoretry_for=(KeyError,), max_retries=1, default_retry_delay=0.1)
+@limited("main", limit=LIMIT, lease_ttl=LEASE)
+def auto_retry(self: Any, tag: str) -> str:
+    with Body(f"{tag}:{self.request.retries}"):
+        pass
+    if self.request.retries == 0:
+        raise KeyError(tag)
+    return tag
+
+
+@app.task(bind=True)
+@limited("main", limit=LIMIT, lease_ttl=LEASE)
+def fail(self: Any, tag: str) -> None:
+    with Body(tag):
+        pass
+    raise RuntimeError(f"boom {tag}")
+
+
+@app.task(bind=True, soft_time_limit=0.3)
+@limited("main", limit=LIMIT, lease_ttl=LEASE)
+def soft_limited(self: Any, tag: str) -> str:
+    with Body(tag):
+        try:
+            time.sleep(5)
+        except SoftTimeLimitExceeded:
+            return "soft"
+    return "not soft"
+
+
+@app.task(bind=True, time_limit=0.5)
+@limited("main", limit=LIMIT, lease_ttl=LEASE)
+def hard_limited(self: Any, tag: str) -> None:
+    bookkeeping().rpush(f"{PREFIX}:ran", tag)
+    time.sleep(30)
+
+
+@app.task(bind=True)
+@limited("main", limit=LIMIT, lease_ttl=LEASE)
+def sleeper(self: Any, tag: str, seconds: float = 30.0) -> None:
+    """Runs long (for revoke/terminate, kill and shutdown tests); records its pid."""
+    bookkeeping().rpush(f"{PREFIX}:ran", tag)
+    bookkeeping().set(f"{PREFIX}:pid:{tag}", os.getpid())
+    time.sleep(seconds)
+
+
+@app.task(bind=True)
+@limited("main", limit=LIMIT, lease_ttl=LEASE)
+def suicide(self: Any, tag: str) -> None:
+    bookkeeping().rpush(f"{PREFIX}:ran", tag)
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+@app.task(bind=True, max_retries=0)
+@limited(
+    "main",
+    limit=LIMIT,
+    lease_ttl=LEASE,
+    retry_backoff=0.05,
+    retry_backoff_max=0.2,
+    wait_timeout=0.0,
+)
+def no_retries_left(self: Any, tag: str, seconds: float = 0.2) -> str:
+    with Body(tag):
+        time.sleep(seconds)
+    return tag
+
+
+@app.task(bind=True)
+@limited(
+    "main",
+    limit=LIMIT,
+    lease_ttl=LEASE,
+    max_wait=0.5,
+    wait_timeout=0.1,
+    retry_backoff=0.05,
+    retry_backoff_max=0.1,
+)
+def impatient(self: Any, tag: str) -> str:
+    with Body(tag):
+        pass
+    return tag
+
+
+@app.task(bind=True)
+@limited(
+    "main",
+    limit=LIMIT,
+    lease_ttl=LEASE,
+    wait_timeout=0.0,
+    retry_backoff=30.0,
+    retry_backoff_max=30.0,
+    retry_jitter=False,
+)
+def parks_long(self: Any, tag: str, seconds: float = 0.05) -> str:
+    """Parks with a 30 s countdown when busy: it can only run soon if a release wakes it."""
+    with Body(tag):
+        time.sleep(seconds)
+    return tag
+
+
+@app.task(bind=True)
+def unlimited(self: Any, tag: str, seconds: float = 0.05) -> str:
+    bookkeeping().rpush(f"{PREFIX}:unlimited", tag)
+    time.sleep(seconds)
+    return tag
+
+
+class Transcode(LimitedTask):
+    semaphore_name = "main"
+    semaphore_limit = LIMIT
+    semaphore_lease_ttl = LEASE
+
+    def run(self, tag: str, seconds: float = 0.05) -> str:
+        with Body(tag):
+            time.sleep(seconds)
+        return tag
+
+
+transcode = app.register_task(Transcode())
+
+
+@app.task(base=LimitedTask, semaphore_name="main", semaphore_limit=LIMIT, semaphore_lease_ttl=LEASE)
+def via_base(tag: str, seconds: float = 0.05) -> str:
+    with Body(tag):
+        time.sleep(seconds)
+    return tag

@@ -1,0 +1,193 @@
+"""Real ``celery worker`` subprocesses for the integration tests.
+
+Each worker runs in its own process group (``start_new_session=True``); :meth:`Worker.stop`
+signals only that group.  Readiness is a ``ping`` answered by the node, never a sleep.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager, suppress
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import redis
+from celery import Celery
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@dataclass
+class Env:
+    """Where one test's workers and client point."""
+
+    redis_url: str
+    broker_url: str
+    prefix: str = field(default_factory=lambda: f"cstest-{uuid.uuid4().hex[:10]}")
+    limit: int = 2
+    lease: float = 60.0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def queue(self) -> str:
+        return f"{self.prefix}-q"
+
+    def environ(self) -> dict[str, str]:
+        env = dict(os.environ)
+        env.update(
+            CS_REDIS=self.redis_url,
+            CS_BROKER=self.broker_url,
+            CS_PREFIX=self.prefix,
+            CS_QUEUE=self.queue,
+            CS_LIMIT=str(self.limit),
+            CS_LEASE=str(self.lease),
+            CS_EXTRA=json.dumps(self.extra),
+            PYTHONPATH=str(ROOT) + os.pathsep + env.get("PYTHONPATH", ""),
+        )
+        return env
+
+    def client_app(self) -> Celery:
+        """A Celery app configured like the workers', for sending and control."""
+        app = Celery("proj-client", broker=self.broker_url, backend=self.redis_url)
+        app.conf.update(
+            task_default_queue=self.queue,
+            broker_connection_retry_on_startup=True,
+            semaphore_redis_url=self.redis_url,
+            semaphore_key_prefix=self.prefix,
+            **self.extra,
+        )
+        return app
+
+    def redis(self) -> redis.Redis:
+        return redis.Redis.from_url(self.redis_url)
+
+
+@dataclass
+class Worker:
+    name: str
+    process: subprocess.Popen[bytes]
+    logfile: Path
+
+    def log(self) -> str:
+        return self.logfile.read_text(errors="replace") if self.logfile.exists() else ""
+
+    def signal(self, sig: int) -> None:
+        if self.process.poll() is None:
+            os.killpg(self.process.pid, sig)
+
+    def stop(self, timeout: float = 20.0) -> None:
+        """Warm shutdown (SIGTERM), then SIGKILL the group if it does not exit in time."""
+        if self.process.poll() is None:
+            self.signal(signal.SIGTERM)
+            with suppress(subprocess.TimeoutExpired):
+                self.process.wait(timeout=timeout)
+        with suppress(ProcessLookupError):  # children may outlive the main process
+            os.killpg(self.process.pid, signal.SIGKILL)
+        if self.process.poll() is None:
+            self.process.wait(timeout=10)
+
+    def child_pids(self) -> list[int]:
+        out = subprocess.run(
+            ["pgrep", "-P", str(self.process.pid)], capture_output=True, text=True, check=False
+        )
+        return [int(p) for p in out.stdout.split()]
+
+
+def start_worker(
+    env: Env,
+    *,
+    pool: str = "prefork",
+    concurrency: int = 2,
+    name: str | None = None,
+    extra_args: list[str] | None = None,
+    wait: bool = True,
+    timeout: float = 45.0,
+) -> Worker:
+    node = f"{name or pool}-{uuid.uuid4().hex[:6]}@localhost"
+    logfile = Path(tempfile.mkdtemp(prefix="cs-worker-")) / "worker.log"
+    args = [
+        sys.executable,
+        "-m",
+        "celery",
+        "-A",
+        "tests.integration.proj",
+        "worker",
+        "-P",
+        pool,
+        "-c",
+        str(concurrency),
+        "-n",
+        node,
+        "-Q",
+        env.queue,
+        "--without-gossip",
+        "--without-mingle",
+        "-l",
+        "INFO",
+        "--logfile",
+        str(logfile),
+        *(extra_args or []),
+    ]
+    proc = subprocess.Popen(
+        args,
+        env=env.environ(),
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    worker = Worker(node, proc, logfile)
+    if wait:
+        try:
+            wait_ready(env, worker, timeout)
+        except BaseException:
+            worker.stop(timeout=5)
+            raise
+    return worker
+
+
+def wait_ready(env: Env, worker: Worker, timeout: float) -> None:
+    app = env.client_app()
+    deadline = time.monotonic() + timeout
+    try:
+        while time.monotonic() < deadline:
+            if worker.process.poll() is not None:
+                raise RuntimeError(f"worker {worker.name} exited early:\n{worker.log()[-3000:]}")
+            replies = app.control.ping(destination=[worker.name], timeout=0.5)
+            if replies:
+                return
+        raise TimeoutError(f"worker {worker.name} not ready in {timeout}s:\n{worker.log()[-3000:]}")
+    finally:
+        app.close()
+
+
+@contextmanager
+def workers(env: Env, *specs: Mapping[str, Any]) -> Iterator[list[Worker]]:
+    """Start one worker per spec (kwargs of :func:`start_worker`); stop them all on exit."""
+    started: list[Worker] = []
+    try:
+        for spec in specs:
+            started.append(start_worker(env, **spec))
+        yield started
+    finally:
+        for w in started:
+            w.stop()
+
+
+def wait_until(predicate: Any, timeout: float, interval: float = 0.02, what: str = "") -> None:
+    """Poll a cheap predicate until true (bounded in time); raise with ``what`` otherwise."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(interval)
+    raise TimeoutError(f"not reached within {timeout}s: {what}")
