@@ -285,10 +285,12 @@ def _run_in_worker(
             and opts.wait_timeout > 0
             and (attempt.position or 0) < standby
         ):
+            # keep_place: when the wait ends without a grant, the place stays for _park
             attempt = sem.wait(
                 ticket,
                 timeout=opts.wait_timeout,
                 place_ttl=opts.wait_timeout + PLACE_SLACK,
+                keep_place=PLACE_SLACK,
                 **common,
             )
     except SemaphoreBackendError as exc:
