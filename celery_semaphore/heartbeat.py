@@ -95,22 +95,29 @@ class Heartbeat:
     def _loop(self) -> None:
         pid = os.getpid()
         while self._pid == pid:
-            with self._lock:
-                entries = list(self._entries.values())
-            now = clock.monotonic()
-            next_due = now + 5.0
-            for entry in entries:
-                if entry.due <= now:
-                    self._refresh(entry)
-                    entry.due = clock.monotonic() + entry.interval
-                next_due = min(next_due, entry.due)
-            if self._watched:
-                if self._next_sweep <= now:
-                    self._sweep()
-                    self._next_sweep = clock.monotonic() + SWEEP_INTERVAL
-                next_due = min(next_due, self._next_sweep)
-            self._changed.wait(max(0.01, next_due - clock.monotonic()))
-            self._changed.clear()
+            try:
+                self._tick()
+            except Exception:  # never let the thread die: the leases depend on it
+                log.exception("heartbeat: unexpected error; carrying on")
+                clock.sleep(0.5)
+
+    def _tick(self) -> None:
+        with self._lock:
+            entries = list(self._entries.values())
+        now = clock.monotonic()
+        next_due = now + 5.0
+        for entry in entries:
+            if entry.due <= now:
+                self._refresh(entry)
+                entry.due = clock.monotonic() + entry.interval
+            next_due = min(next_due, entry.due)
+        if self._watched:
+            if self._next_sweep <= now:
+                self._sweep()
+                self._next_sweep = clock.monotonic() + SWEEP_INTERVAL
+            next_due = min(next_due, self._next_sweep)
+        self._changed.wait(max(0.01, next_due - clock.monotonic()))
+        self._changed.clear()
 
     def _sweep(self) -> None:
         with self._lock:

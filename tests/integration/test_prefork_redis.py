@@ -187,10 +187,11 @@ def test_revoke_terminate_releases(env: Env) -> None:
 def test_owner_metadata_names_task_host_and_pid(env: Env) -> None:
     app = env.client_app()
     result = app.send_task(proj.sleeper.name, ("meta", 2))
-    wait_until(lambda: _held_by(env, result.id), 20, what="sleeper holds a permit")
+    pid_key = f"{env.prefix}:pid:meta"
+    wait_until(lambda: env.redis().exists(pid_key), 20, what="sleeper's body started")
     (holder,) = [h for h in holders(env) if h.owner.get("task_id") == result.id]
     assert holder.owner["task"] == proj.sleeper.name
     assert holder.owner["host"].endswith("@localhost")
-    pid = int(env.redis().get(f"{env.prefix}:pid:meta") or 0)
+    pid = int(env.redis().get(pid_key) or 0)
     assert holder.owner["pid"] == pid
     result.get(timeout=30)
