@@ -267,6 +267,8 @@ def _run_in_worker(
 ) -> _T:
     request = task.request
     state = WaitState.from_request(request)
+    if state.first_wait is None:  # the wait (for max_wait) starts with this first attempt
+        state = WaitState(state.epoch, state.claim, state.waits, time.time())
     ticket = f"{request.id}:{request.retries or 0}"
     claim = state.claim or ticket
     common: dict[str, Any] = {

@@ -253,3 +253,49 @@ def via_base(tag: str, seconds: float = 0.05) -> str:
     with Body(tag):
         time.sleep(seconds)
     return tag
+
+
+# -- added for the pool, broker, heartbeat, shutdown and redelivery tests ---------------------
+
+
+@app.task(bind=True)
+@limited("one", limit=1, lease_ttl=LEASE)
+def work_one(self: Any, tag: str, seconds: float = 0.05) -> str:
+    """Like ``work``, on a second semaphore ("one") whose limit is always 1; returns the node
+    that ran it."""
+    with Body(tag, "one"):
+        time.sleep(seconds)
+    return str(self.request.hostname)
+
+
+@app.task(bind=True)
+@limited("main", limit=LIMIT, lease_ttl=LEASE)
+def work_where(self: Any, tag: str, seconds: float = 0.05) -> str:
+    """Like ``work``; returns the node that ran it."""
+    with Body(tag):
+        time.sleep(seconds)
+    return str(self.request.hostname)
+
+
+@app.task(bind=True, acks_late=True, reject_on_worker_lost=True)
+@limited("main", limit=LIMIT, lease_ttl=LEASE)
+def crash_once(self: Any, tag: str, seconds: float = 0.5) -> str:
+    """SIGKILLs its own process on the first delivery (holding the permit); the message is
+    then redelivered, and that run completes."""
+    r = bookkeeping()
+    r.rpush(f"{PREFIX}:attempts:{tag}", f"{os.getpid()}:{self.request.delivery_info}")
+    if r.set(f"{PREFIX}:crashed:{tag}", os.getpid(), nx=True):
+        time.sleep(seconds)  # hold the permit for a moment, so the test can see it
+        os.kill(os.getpid(), signal.SIGKILL)
+    with Body(tag):
+        time.sleep(seconds)
+    return f"{tag}:redelivered"
+
+
+@app.task(bind=True, acks_late=True)
+@limited("main", limit=LIMIT, lease_ttl=LEASE)
+def late_work(self: Any, tag: str, seconds: float = 0.05) -> str:
+    """Like ``work``, but acknowledged only after the body (acks_late)."""
+    with Body(tag):
+        time.sleep(seconds)
+    return tag

@@ -76,9 +76,17 @@ class Worker:
     name: str
     process: subprocess.Popen[bytes]
     logfile: Path
+    #: the process's stdout and stderr (messages printed before logging is set up land here)
+    outfile: Path | None = None
 
     def log(self) -> str:
         return self.logfile.read_text(errors="replace") if self.logfile.exists() else ""
+
+    def output(self) -> str:
+        """What the process wrote to stdout and stderr."""
+        if self.outfile is None or not self.outfile.exists():
+            return ""
+        return self.outfile.read_text(errors="replace")
 
     def signal(self, sig: int) -> None:
         if self.process.poll() is None:
@@ -111,9 +119,13 @@ def start_worker(
     extra_args: list[str] | None = None,
     wait: bool = True,
     timeout: float = 45.0,
+    queues: list[str] | None = None,
 ) -> Worker:
+    """Start a ``celery worker`` subprocess consuming ``queues`` (default: ``env.queue``)."""
     node = f"{name or pool}-{uuid.uuid4().hex[:6]}@localhost"
-    logfile = Path(tempfile.mkdtemp(prefix="cs-worker-")) / "worker.log"
+    logdir = Path(tempfile.mkdtemp(prefix="cs-worker-"))
+    logfile = logdir / "worker.log"
+    outfile = logdir / "output.txt"
     args = [
         sys.executable,
         "-m",
@@ -128,7 +140,7 @@ def start_worker(
         "-n",
         node,
         "-Q",
-        env.queue,
+        ",".join(queues or [env.queue]),
         "--without-gossip",
         "--without-mingle",
         "-l",
@@ -137,15 +149,16 @@ def start_worker(
         str(logfile),
         *(extra_args or []),
     ]
-    proc = subprocess.Popen(
-        args,
-        env=env.environ(),
-        cwd=ROOT,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
-    worker = Worker(node, proc, logfile)
+    with outfile.open("wb") as out:
+        proc = subprocess.Popen(
+            args,
+            env=env.environ(),
+            cwd=ROOT,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    worker = Worker(node, proc, logfile, outfile)
     if wait:
         try:
             wait_ready(env, worker, timeout)
@@ -181,6 +194,31 @@ def workers(env: Env, *specs: Mapping[str, Any]) -> Iterator[list[Worker]]:
     finally:
         for w in started:
             w.stop()
+
+
+def start_workers(env: Env, *specs: Mapping[str, Any], timeout: float = 45.0) -> list[Worker]:
+    """Start one worker per spec (kwargs of :func:`start_worker`) at the same time, then wait
+    until every one answers a ping; on any failure stop them all."""
+    started: list[Worker] = []
+    try:
+        for spec in specs:
+            started.append(start_worker(env, **{**spec, "wait": False}))
+        for w in started:
+            wait_ready(env, w, timeout)
+    except BaseException:
+        for w in started:
+            w.stop(timeout=5)
+        raise
+    return started
+
+
+def stop_workers(nodes: list[Worker], timeout: float = 20.0) -> None:
+    """Warm-stop several workers at once (SIGTERM to all, then :meth:`Worker.stop` each)."""
+    for node in nodes:
+        with suppress(ProcessLookupError):
+            node.signal(signal.SIGTERM)
+    for node in nodes:
+        node.stop(timeout=timeout)
 
 
 def wait_until(predicate: Any, timeout: float, interval: float = 0.02, what: str = "") -> None:

@@ -1,0 +1,222 @@
+"""The Celery app that ``benchmarks/e2e.py`` runs in real ``celery worker`` subprocesses.
+
+    celery -A benchmarks.e2e_app worker -P threads -c 16 -Q <queue> ...
+
+Configured from environment variables, so each measured run gets its own keys and queue:
+
+* ``E2E_REDIS``: Redis for the semaphore and the bookkeeping (default
+  ``redis://127.0.0.1:6379/0``); ``E2E_BROKER``: the broker (default: ``E2E_REDIS``);
+* ``E2E_PREFIX``: the first part of every key this run writes: semaphore keys, bookkeeping
+  and, on a Redis broker, kombu's own keys (``global_keyprefix``), so the run's keys can be
+  deleted by a SCAN of the prefix;
+* ``E2E_QUEUE``: the queue (``task_default_queue``); ``E2E_LIMIT``: the limit (default 8);
+* ``E2E_CONF``: a JSON dict of extra ``app.conf`` settings (e.g. ``semaphore_wait_timeout``).
+
+Tasks (explicit names, so the module may be imported under any name):
+
+* ``e2e.plain(d)``: no semaphore (the dedicated-queue baseline, and the "unlimited" tasks);
+* ``e2e.limited(d)``: ``@limited("bench", limit=LIMIT)``, library defaults;
+* ``e2e.handrolled(d)``: the hand-rolled baseline: a Redis ZSET semaphore (one Lua script
+  takes a slot if fewer than LIMIT are taken), else ``self.retry(countdown=1,
+  max_retries=None)``.
+
+Every body records itself, independently of any semaphore: on entry one script increments
+``<prefix>:inside:<kind>`` and keeps the maximum in ``<prefix>:max:<kind>``; on exit one
+script decrements it and appends ``"<start> <end> <inside at entry> <how> <task id>"`` to the
+ledger ``<prefix>:ledger:<kind>`` (``time.time()``: all workers run on the benchmark's host).
+The body sleeps until ``start + d``, so the bookkeeping round trip is inside the body's ``d``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+import redis
+from celery import Celery, signals
+
+from celery_semaphore import limited
+from celery_semaphore.runtime import WaitState
+
+__all__ = [
+    "HANDROLLED",
+    "LIMITED",
+    "PLAIN",
+    "AppConfig",
+    "make_app",
+]
+
+PLAIN = "e2e.plain"
+LIMITED = "e2e.limited"
+HANDROLLED = "e2e.handrolled"
+#: the ledger kind each task records under
+KINDS = {PLAIN: "plain", LIMITED: "limited", HANDROLLED: "handrolled"}
+SEMAPHORE_NAME = "bench"
+#: the hand-rolled baseline's retry countdown, as in the issue
+HAND_COUNTDOWN = 1.0
+#: seconds a hand-rolled slot lives if its holder vanishes (a typical hand-rolled "lease")
+HAND_TTL = 60.0
+
+
+@dataclass(frozen=True)
+class AppConfig:
+    redis_url: str = "redis://127.0.0.1:6379/0"
+    broker_url: str = ""
+    prefix: str = "e2e"
+    queue: str = "e2e-q"
+    limit: int = 8
+    conf: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def broker(self) -> str:
+        return self.broker_url or self.redis_url
+
+    @classmethod
+    def from_env(cls, environ: dict[str, str] | None = None) -> AppConfig:
+        env = dict(os.environ if environ is None else environ)
+        redis_url = env.get("E2E_REDIS", cls.redis_url)
+        return cls(
+            redis_url=redis_url,
+            broker_url=env.get("E2E_BROKER", "") or redis_url,
+            prefix=env.get("E2E_PREFIX", cls.prefix),
+            queue=env.get("E2E_QUEUE", cls.queue),
+            limit=int(env.get("E2E_LIMIT", str(cls.limit))),
+            conf=dict(json.loads(env.get("E2E_CONF", "{}") or "{}")),
+        )
+
+    def environ(self) -> dict[str, str]:
+        """The variables that make a worker's ``from_env()`` equal to this config."""
+        return {
+            "E2E_REDIS": self.redis_url,
+            "E2E_BROKER": self.broker,
+            "E2E_PREFIX": self.prefix,
+            "E2E_QUEUE": self.queue,
+            "E2E_LIMIT": str(self.limit),
+            "E2E_CONF": json.dumps(self.conf),
+        }
+
+    def key(self, *parts: str) -> str:
+        return ":".join((self.prefix, *parts))
+
+
+def make_app(cfg: AppConfig, main: str = "e2e") -> Any:
+    """A Celery app for ``cfg`` (no tasks): the workers' app, and the parent's client."""
+    app = Celery(main, broker=cfg.broker)
+    transport: dict[str, Any] = {}
+    if cfg.broker.startswith(("redis://", "rediss://", "unix://")):
+        transport["global_keyprefix"] = cfg.key("kombu", "")
+    app.conf.update(
+        semaphore_redis_url=cfg.redis_url,
+        semaphore_key_prefix=cfg.key("sem"),
+        task_default_queue=cfg.queue,
+        task_ignore_result=True,
+        broker_transport_options=transport,
+        broker_connection_retry_on_startup=True,
+        **cfg.conf,
+    )
+    return app
+
+
+CFG = AppConfig.from_env()
+app = make_app(CFG)
+
+
+def _semaphore_logs_at_info(**_: Any) -> None:
+    """Workers run at ``-l WARNING`` (no per-task lines); the library's park/wake lines
+    (loggers ``celery_semaphore.*``, INFO) are kept for the analysis."""
+    logging.getLogger("celery_semaphore").setLevel(logging.INFO)
+
+
+signals.after_setup_logger.connect(_semaphore_logs_at_info, weak=False)
+
+# -- bookkeeping (independent of any semaphore) ---------------------------------------------
+
+ENTER = """
+local n = redis.call('INCR', KEYS[1])
+if n > tonumber(redis.call('GET', KEYS[2]) or '0') then redis.call('SET', KEYS[2], n) end
+return n
+"""
+
+LEAVE = """
+redis.call('DECR', KEYS[1])
+redis.call('RPUSH', KEYS[2], ARGV[1])
+return 1
+"""
+
+_clients: dict[int, redis.Redis] = {}
+
+
+def client() -> redis.Redis:
+    """One client (a thread-safe connection pool) per process."""
+    pid = os.getpid()
+    found = _clients.get(pid)
+    if found is None:
+        found = _clients[pid] = redis.Redis.from_url(CFG.redis_url)
+    return found
+
+
+def body(kind: str, seconds: float, how: str = "-", task_id: str = "-") -> None:
+    """The measured body: ``seconds`` long from its recorded start to its recorded end.
+    ``how`` is recorded too: for ``e2e.limited``, ``p`` when this copy of the task had parked
+    (it came back by a wake-up or its countdown), ``d`` when it ran on first delivery."""
+    r = client()
+    start = time.time()
+    n = int(r.eval(ENTER, 2, CFG.key("inside", kind), CFG.key("max", kind)))
+    time.sleep(max(0.0, start + seconds - time.time()))
+    end = time.time()
+    r.eval(
+        LEAVE,
+        2,
+        CFG.key("inside", kind),
+        CFG.key("ledger", kind),
+        f"{start:.6f} {end:.6f} {n} {how} {task_id}",
+    )
+
+
+# -- the tasks -------------------------------------------------------------------------------
+
+
+@app.task(name=PLAIN)  # type: ignore[untyped-decorator]
+def plain(d: float) -> None:
+    body(KINDS[PLAIN], d, task_id=str(plain.request.id))
+
+
+@app.task(bind=True, name=LIMITED)  # type: ignore[untyped-decorator]
+@limited(SEMAPHORE_NAME, limit=CFG.limit)
+def limited_task(self: Any, d: float) -> None:
+    parked = WaitState.from_request(self.request).epoch > 0
+    body(KINDS[LIMITED], d, "p" if parked else "d", str(self.request.id))
+
+
+# The hand-rolled baseline: what people write before reaching for a library.  A ZSET of slot
+# holders scored by expiry (client clock); taking a slot is atomic (one script), so it never
+# exceeds the limit; a refused task retries after HAND_COUNTDOWN seconds, for ever.
+HAND_TAKE = """
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', ARGV[1])
+if redis.call('ZCARD', KEYS[1]) < tonumber(ARGV[3]) then
+  redis.call('ZADD', KEYS[1], ARGV[2], ARGV[4])
+  return 1
+end
+return 0
+"""
+
+
+@app.task(bind=True, name=HANDROLLED, max_retries=None)  # type: ignore[untyped-decorator]
+def handrolled(self: Any, d: float) -> None:
+    r = client()
+    token = f"{self.request.id}:{uuid.uuid4().hex}"
+    now = time.time()
+    key = CFG.key("hand", "slots")
+    took = r.eval(HAND_TAKE, 1, key, now, now + HAND_TTL, CFG.limit, token)
+    if not int(took):
+        r.incr(CFG.key("hand", "retries"))
+        raise self.retry(countdown=HAND_COUNTDOWN, max_retries=None)
+    try:
+        body(KINDS[HANDROLLED], d, task_id=str(self.request.id))
+    finally:
+        r.zrem(key, token)
