@@ -208,14 +208,24 @@ def _conf_get(conf: Any, key: str, default: Any) -> Any:
     return conf.get(key, default)
 
 
-def validate_app_settings(conf: Any) -> dict[str, Any]:
+def validate_app_settings(conf: Any, namespace: str | None = None) -> dict[str, Any]:
     """Validate every ``semaphore_*`` setting present in ``conf``; raise on the first bad one.
 
-    Also rejects unknown ``semaphore_*`` keys (a typo would otherwise be silently ignored).
+    Also rejects unknown ``semaphore_*`` keys (a typo would otherwise be silently ignored),
+    including Django-style ``<NAMESPACE>_SEMAPHORE_*`` keys when the app has a namespace.
     """
     known = set(APP_SETTINGS) | {o.setting for o in OPTIONS.values()}
-    present = [k for k in conf if isinstance(k, str) and k.lower().startswith("semaphore_")]
-    unknown = sorted(k for k in present if k not in known)
+    strip = f"{namespace.lower()}_" if namespace else ""
+    unknown = []
+    for key in conf:
+        if not isinstance(key, str):
+            continue
+        name = key.lower()
+        if strip and name.startswith(strip):
+            name = name[len(strip) :]
+        if name.startswith("semaphore_") and name not in known:
+            unknown.append(key)
+    unknown.sort()
     if unknown:
         raise ValueError(
             f"unknown setting(s) {', '.join(unknown)}; celery-semaphore accepts: "
@@ -226,7 +236,23 @@ def validate_app_settings(conf: Any) -> dict[str, Any]:
         out[key] = check(key, _conf_get(conf, key, default))
     for opt in OPTIONS.values():
         out[opt.setting] = opt.check(opt.setting, _conf_get(conf, opt.setting, opt.default))
+    check_heartbeat(
+        "semaphore_heartbeat_interval",
+        out["semaphore_heartbeat_interval"],
+        "semaphore_lease_ttl",
+        out["semaphore_lease_ttl"],
+    )
     return out
+
+
+def check_heartbeat(param: str, interval: float | None, lease_param: str, lease: float) -> None:
+    """The heartbeat must refresh a lease before it runs out."""
+    if interval is not None and interval >= lease:
+        raise ValueError(
+            f"{param}={interval!r} is not accepted with {lease_param}={lease!r}: the heartbeat "
+            f"must refresh the lease before it expires; use a value below {lease} "
+            f"(the default is a third of it)"
+        )
 
 
 @dataclass(frozen=True)
@@ -252,6 +278,9 @@ def resolve(conf: Any, task_options: Mapping[str, Any]) -> ResolvedOptions:
             values[opt.name] = opt.check(opt.setting, _conf_get(conf, opt.setting, opt.default))
     if values["heartbeat_interval"] is None:
         values["heartbeat_interval"] = values["lease_ttl"] / 3
+    check_heartbeat(
+        "heartbeat_interval", values["heartbeat_interval"], "lease_ttl", values["lease_ttl"]
+    )
     return ResolvedOptions(**values)
 
 

@@ -29,6 +29,7 @@ from __future__ import annotations
 import logging
 import os
 import random
+import socket
 import threading
 import time
 import uuid
@@ -90,9 +91,11 @@ class WaitState:
     """The ``semaphore_wait`` header: how this copy of the task has waited so far."""
 
     epoch: int = 0
-    claim: str | None = None
     waits: int = 0
     first_wait: float | None = None
+    #: this copy continues a redelivered execution whose permit may still be held by the
+    #: previous delivery (alive past a visibility timeout, or dead until its lease expires)
+    takeover: bool = False
 
     @classmethod
     def from_request(cls, request: Any) -> WaitState:
@@ -106,18 +109,18 @@ class WaitState:
         first = raw.get("t0")
         return cls(
             epoch=int(raw.get("e", 0)),
-            claim=str(raw["c"]) if raw.get("c") else None,
             waits=int(raw.get("n", 0)),
             first_wait=float(first) if first is not None else None,
+            takeover=bool(raw.get("o")),
         )
 
     def header(self, retries: int) -> dict[str, Any]:
         return {
             "r": retries,
             "e": self.epoch,
-            "c": self.claim,
             "n": self.waits,
             "t0": self.first_wait,
+            "o": 1 if self.takeover else 0,
         }
 
 
@@ -222,6 +225,7 @@ def run_limited(task: Any, spec: LimitSpec, call: Callable[[], _T]) -> _T:
         "task": task.name,
         "host": request.hostname or "",
         "pid": os.getpid(),
+        "machine": socket.gethostname(),
     }
     if request.called_directly or request.is_eager or not request.id:
         return _run_blocking(task, sem, weight, opts, owner, call)
@@ -267,16 +271,26 @@ def _run_in_worker(
 ) -> _T:
     request = task.request
     state = WaitState.from_request(request)
-    if state.first_wait is None:  # the wait (for max_wait) starts with this first attempt
-        state = WaitState(state.epoch, state.claim, state.waits, time.time())
+    redelivered = bool((request.delivery_info or {}).get("redelivered"))
+    if state.first_wait is None or redelivered:
+        # the wait (for max_wait) starts with this first attempt; a redelivery may have to wait
+        # for its previous delivery's permit
+        state = WaitState(
+            state.epoch,
+            state.waits,
+            state.first_wait or time.time(),
+            takeover=state.takeover or redelivered,
+        )
     ticket = f"{request.id}:{request.retries or 0}"
-    claim = state.claim or ticket
+    # One claim per execution: a grant is only ever returned again to this execution (a call
+    # re-sent by redis-py), never to another delivery of the same message.
+    claim = uuid.uuid4().hex
     common: dict[str, Any] = {
         "weight": weight,
         "owner": owner,
         "claim": claim,
         "epoch": state.epoch,
-        "check_done": state.epoch > 0,
+        "check_done": state.epoch > 0 or state.takeover,
         "lease_ttl": opts.lease_ttl,
     }
     try:
@@ -307,11 +321,48 @@ def _run_in_worker(
         attempt = _park(task, sem, state, opts, ticket, common, registered=False)
     if attempt.permit is not None:
         return _hold(task, sem, attempt.permit, opts, state, call)
+    if attempt.status is AttemptStatus.HELD_ELSEWHERE and state.takeover:
+        # Our previous delivery holds the ticket's permit.  If it ran on this machine and its
+        # process is gone (SIGKILL with reject_on_worker_lost: Celery tells nobody), take the
+        # permit back now; otherwise wait until it releases (this copy then finds the ticket
+        # done and drops) or its lease expires (this copy then runs).
+        if _reclaim_from_dead_process(sem, ticket):
+            attempt = sem.try_acquire(ticket, place_ttl=PLACE_SLACK, **common)
+        if attempt.permit is None:
+            attempt = _park(task, sem, state, opts, ticket, common, registered=False)
+        if attempt.permit is not None:
+            return _hold(task, sem, attempt.permit, opts, state, call)
     if attempt.status is AttemptStatus.WAITING:
         attempt = _park(task, sem, state, opts, ticket, common, registered=True)
         if attempt.permit is not None:
             return _hold(task, sem, attempt.permit, opts, state, call)
     return _drop_duplicate(task, sem, attempt)
+
+
+def _reclaim_from_dead_process(sem: Semaphore, token: str) -> bool:
+    holder = next((h for h in sem.holders() if h.token == token), None)
+    if holder is None or holder.owner.get("machine") != socket.gethostname():
+        return False
+    pid = holder.owner.get("pid")
+    if not isinstance(pid, int) or pid == os.getpid() or _process_alive(pid):
+        return False
+    log_release.warning(
+        "semaphore %r: released the permit of dead process %d (token %s) for its redelivery",
+        sem.name,
+        pid,
+        token,
+    )
+    return sem.release_token(token, tombstone_ttl=0)  # no tombstone: the redelivery runs
+
+
+def _process_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def _drop_duplicate(task: Any, sem: Semaphore, attempt: Attempt) -> NoReturn:
@@ -356,12 +407,11 @@ def _park(
         countdown = min(countdown, max(0.0, opts.max_wait - waited) + 0.05)
     retries = request.retries or 0
     epoch = state.epoch + 1
-    later = WaitState(epoch, uuid.uuid4().hex, state.waits + 1, first)
-    woken = WaitState(epoch, uuid.uuid4().hex, state.waits + 1, first)
+    later = WaitState(epoch, state.waits + 1, first, state.takeover)
     headers = {k: v for k, v in dict(request.headers or {}).items() if k != HEADER}
     sig = task.signature_from_request(request, headers={**headers, HEADER: later.header(retries)})
     if registered:
-        wake_data = _wake_data(task, request, headers, woken.header(retries))
+        wake_data = _wake_data(task, request, headers, later.header(retries))
         attempt = sem.try_acquire(
             ticket,
             place_ttl=countdown + max(PLACE_SLACK, opts.lease_ttl),
@@ -439,7 +489,7 @@ def _hold(
         # a ticket that parked may have other copies in flight: remember it long enough that
         # they find it done and drop themselves
         tomb = None
-        if state.epoch > 0:
+        if state.epoch > 0 or state.takeover:
             tomb = 2 * (opts.retry_backoff_max + PLACE_SLACK + opts.lease_ttl)
         release_with_retry(permit, tombstone_ttl=tomb, task_id=task.request.id)
 

@@ -453,12 +453,11 @@ class Semaphore:
     ) -> bool:
         """Release the permit held under ``token``.  True if it was held (or this very release
         was already applied by a re-sent call); False if it was not held.  With ``claim``,
-        only a permit granted under that claim is released."""
-        tomb = _validate.optional_positive_seconds("tombstone_ttl", tombstone_ttl)
-        reply = self._run(
-            "release",
-            [token, self.limit, self._ms(tomb or DEFAULT_TOMBSTONE_TTL), 1000, claim],
-        )
+        only a permit granted under that claim is released.  ``tombstone_ttl=0`` leaves no
+        tombstone (the token may be acquired again at once)."""
+        tomb = _validate.optional_non_negative_seconds("tombstone_ttl", tombstone_ttl)
+        tomb_ms = self._ms(DEFAULT_TOMBSTONE_TTL) if tomb is None else int(tomb * 1000)
+        reply = self._run("release", [token, self.limit, tomb_ms, 1000, claim])
         self._wake(reply[1:])
         return int(reply[0]) in (1, 2)
 

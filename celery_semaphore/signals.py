@@ -5,8 +5,8 @@
 * ``task_failure`` and ``task_revoked`` in the process that did *not* run the body (the prefork
   parent, after a hard time limit, a SIGKILL or OOM of the child, or a terminate): release the
   dead execution's permit at once, found by its token (``<task id>:<retries>``), instead of
-  waiting for the lease to expire.  The release checks the claim, so it can never free a permit
-  held by another copy of the task.
+  waiting for the lease to expire.  (With ``reject_on_worker_lost`` Celery sends no
+  ``task_failure``: the redelivered copy waits for the dead child's lease instead.)
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from celery import signals
 from . import config
 from .decorators import spec_of
 from .exceptions import SemaphoreError
-from .runtime import WaitState, handled_here, semaphore_for
+from .runtime import handled_here, semaphore_for
 
 __all__ = ["connect"]
 
@@ -31,9 +31,20 @@ def _on_worker_init(sender: Any = None, **_: Any) -> None:
     if app is None:
         return
     try:
-        config.validate_app_settings(app.conf)
-        if any(spec_of(t) is not None for t in list(app.tasks.values())):
+        config.validate_app_settings(app.conf, getattr(app, "namespace", None))
+        specs = [(t.name, spec_of(t)) for t in list(app.tasks.values())]
+        limited = [(name, spec) for name, spec in specs if spec is not None]
+        if limited:
             config.redis_url_for(app.conf)
+        for task_name, spec in limited:
+            config.resolve(app.conf, spec.options)  # task options with app settings
+            limit = config.semaphore_limit(app.conf, spec.name, spec.limit)
+            if spec.weight > limit:
+                raise ValueError(
+                    f"task {task_name}: weight={spec.weight} exceeds the limit of semaphore "
+                    f"{spec.name!r} ({limit}, from semaphore_limits); use a weight from 1 to "
+                    f"{limit} or raise the limit"
+                )
     except (TypeError, ValueError) as exc:
         log.critical("celery-semaphore: invalid configuration: %s", exc)
         raise SystemExit(f"celery-semaphore: invalid configuration: {exc}") from exc
@@ -49,12 +60,11 @@ def _release_dead(task: Any, task_id: str | None, request: Any, why: str) -> Non
     app = task.app
     if not app.conf.get("semaphore_enabled", True):
         return
-    state = WaitState.from_request(request)
     try:
         opts = config.resolve(app.conf, spec.options)
         limit = config.semaphore_limit(app.conf, spec.name, spec.limit)
         sem = semaphore_for(app, spec.name, limit, opts.lease_ttl)
-        released = sem.release_token(token, claim=state.claim or token)
+        released = sem.release_token(token)
     except (SemaphoreError, ValueError) as exc:
         log.error(
             "semaphore %r: could not release task %s after %s: %s", spec.name, task_id, why, exc

@@ -28,6 +28,10 @@ class LimitSpec:
         checked_limit = _validate.positive_int("limit", limit)
         opts = config.validate_task_options(options, where=where)
         weight = opts.pop("weight", 1)
+        if "heartbeat_interval" in opts and "lease_ttl" in opts:
+            config.check_heartbeat(
+                "heartbeat_interval", opts["heartbeat_interval"], "lease_ttl", opts["lease_ttl"]
+            )
         if weight > checked_limit:
             raise ValueError(
                 f"{where}: weight={weight} is not accepted with limit={checked_limit}: use a "

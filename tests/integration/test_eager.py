@@ -114,7 +114,10 @@ def make_app(redis_url: str, prefix: str, **conf: Any) -> Eager:
         return counter.body(tag, 0.0)
 
     sem = Semaphore(NAME, LIMIT, redis=redis_url, key_prefix=prefix)
-    return Eager(app, sem, counter, job, job_unbound, klass, via_base, patient)
+    # finalize (and bind every task) now, not racily in the callers' threads
+    app.finalize(auto=True)
+    tasks = [app.tasks[t.name] for t in (job, job_unbound, klass, via_base, patient)]
+    return Eager(app, sem, counter, *tasks)
 
 
 @pytest.fixture

@@ -73,12 +73,6 @@ def test_killed_acks_late_task_is_redelivered_and_never_double_held(
     assert "permit LOST" not in worker.log()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="library bug: a redelivered copy of a running acks_late task (Redis visibility "
-    "timeout) uses the same ticket and claim (<id>:0) as the original, gets ALREADY_HELD and "
-    "runs its body concurrently under the same single permit",
-)
 def test_visibility_timeout_redelivery_does_not_exceed_the_limit(
     redis_server: RedisServer,
 ) -> None:
