@@ -68,7 +68,8 @@ class SemaphoreStateError(SemaphoreError):
     """The semaphore's keys in Redis hold something this package did not write.
 
     Raised, for example, when someone ``SET`` a string where a sorted set belongs.  The scripts
-    check key types before writing, so nothing is modified or deleted; ``key`` names the culprit.
+    read every key before their first write, so nothing is modified or deleted; ``key`` names the
+    culprit.
     """
 
     def __init__(self, message: str, *, name: str | None = None, key: str | None = None) -> None:

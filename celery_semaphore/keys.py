@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
+from typing import ClassVar
 from urllib.parse import quote
 
 __all__ = ["MAX_READABLE", "SemaphoreKeys", "encode_name", "validate_prefix"]
@@ -51,42 +52,30 @@ def validate_prefix(key_prefix: object) -> str:
 
 @dataclass(frozen=True)
 class SemaphoreKeys:
-    """The keys of one semaphore, in the order the Lua scripts expect them (KEYS[1..7])."""
+    """The keys of one semaphore; :meth:`state_keys` lists them in the order the Lua scripts
+    expect (KEYS[1..3]; ``scripts/_lib.lua`` describes what each holds)."""
 
-    holders: str  # ZSET token -> lease expiry (server ms)
-    holder_info: str  # HASH token -> JSON {w, at, f, c, o}
-    waiters: str  # ZSET ticket -> arrival sequence number (FIFO order)
-    waiter_exp: str  # ZSET ticket -> place expiry (server ms)
-    waiter_info: str  # HASH ticket -> JSON {w, since, c, o, d, wk}
-    meta: str  # HASH: used, seq, fence, limit_override, last_limit
-    done: str  # ZSET token -> tombstone expiry (server ms): released tokens
+    expiry: str  # ZSET "h:"/"w:"/"d:" + token -> lease / place / tombstone expiry (server ms)
+    state: str  # HASH used, seq, fence, limit_override; "h:"/"w:" + token -> holder / waiter
+    line: str  # ZSET ticket -> arrival sequence number (FIFO order)
     base: str  # "<prefix>:{<tag>}", to derive per-ticket wake keys
+
+    #: the Redis type each of :meth:`state_keys` must hold (or be absent)
+    TYPES: ClassVar[tuple[str, ...]] = ("zset", "hash", "zset")
 
     @classmethod
     def for_name(cls, name: str, key_prefix: str) -> SemaphoreKeys:
         base = f"{key_prefix}:{{{encode_name(name)}}}"
         return cls(
-            holders=f"{base}:holders",
-            holder_info=f"{base}:holder_info",
-            waiters=f"{base}:waiters",
-            waiter_exp=f"{base}:waiter_exp",
-            waiter_info=f"{base}:waiter_info",
-            meta=f"{base}:meta",
-            done=f"{base}:done",
+            expiry=f"{base}:expiry",
+            state=f"{base}:state",
+            line=f"{base}:line",
             base=base,
         )
 
     def state_keys(self) -> list[str]:
-        """KEYS[1..7] for every script."""
-        return [
-            self.holders,
-            self.holder_info,
-            self.waiters,
-            self.waiter_exp,
-            self.waiter_info,
-            self.meta,
-            self.done,
-        ]
+        """KEYS[1..3] for every script."""
+        return [self.expiry, self.state, self.line]
 
     def wake(self, ticket: str) -> str:
         """The list a blocked waiter with ``ticket`` waits on (BLPOP)."""

@@ -30,7 +30,6 @@ import logging
 import os
 import socket
 import threading
-import uuid
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -86,6 +85,9 @@ class AttemptStatus(IntEnum):
     STALE = 8  #: the place belongs to a newer epoch of this ticket
 
 
+_STATUSES = {status.value: status for status in AttemptStatus}
+
+
 @dataclass(frozen=True)
 class HolderInfo:
     """One current holder, as :meth:`Semaphore.holders` reports it."""
@@ -128,7 +130,7 @@ class Snapshot:
         return max(0, self.limit - self.used)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, init=False)
 class Attempt:
     """The result of :meth:`Semaphore.try_acquire`."""
 
@@ -138,21 +140,43 @@ class Attempt:
     epoch: int = 0  #: for WAITING and STALE: the epoch of the place
     limit: int = 0  #: the limit in force when the script ran
 
+    def __init__(
+        self,
+        status: AttemptStatus,
+        permit: Permit | None = None,
+        position: int | None = None,
+        epoch: int = 0,
+        limit: int = 0,
+    ) -> None:
+        # the generated __init__ of a frozen dataclass sets each field through
+        # object.__setattr__; this one is on every acquire's path, so fill __dict__ at once
+        self.__dict__.update(
+            status=status, permit=permit, position=position, epoch=epoch, limit=limit
+        )
+
 
 def _text(value: Any) -> str:
     return value.decode("utf-8") if isinstance(value, bytes) else str(value)
 
 
-_owner_cache: tuple[int, str] = (-1, "")
+_owner_text: str | None = None
+
+
+def _forget_owner() -> None:
+    global _owner_text
+    _owner_text = None
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_owner)
 
 
 def _default_owner_text() -> str:
-    """``{"host": ..., "pid": ...}`` as JSON, computed once per process."""
-    global _owner_cache
-    pid = os.getpid()
-    if _owner_cache[0] != pid:
-        _owner_cache = (pid, json.dumps({"host": socket.gethostname(), "pid": pid}))
-    return _owner_cache[1]
+    """``{"host": ..., "pid": ...}`` as JSON, computed once per process (again after a fork)."""
+    global _owner_text
+    if _owner_text is None:
+        _owner_text = json.dumps({"host": socket.gethostname(), "pid": os.getpid()})
+    return _owner_text
 
 
 class Permit:
@@ -286,6 +310,7 @@ class Semaphore:
                 f"rediss:// or unix:// URL, or None; got {type(redis).__name__} {redis!r}"
             )
         self._scripts: ScriptSet | None = None
+        self._key_args: tuple[bytes, ...] = ()
         self._init_lock = threading.Lock()
         self._local = threading.local()
 
@@ -301,47 +326,70 @@ class Semaphore:
         return self._client
 
     def _run(self, operation: str, args: list[Any]) -> list[Any]:
-        if self._scripts is None:
-            client = self.client  # outside the lock: `client` takes the same (non-reentrant) lock
-            with self._init_lock:
-                if self._scripts is None:
-                    self._scripts = ScriptSet(client)
         scripts = self._scripts
+        if scripts is None:
+            scripts = self._load_scripts()
         # last ARGV of every script: can this caller wake parked waiters? (see _lib.lua)
-        full = [*args, 1 if self.on_wake is not None else 0]
-        return self._call(lambda: scripts[operation](keys=self.keys.state_keys(), args=full))
+        dispatch = b"1" if self.on_wake is not None else b"0"
+        try:
+            reply: list[Any] = scripts.run(operation, self._key_args, args, dispatch)
+        except RedisError as exc:
+            raise self._error(exc) from exc
+        return reply
+
+    def _load_scripts(self) -> ScriptSet:
+        client = self.client  # outside the lock: `client` takes the same (non-reentrant) lock
+        with self._init_lock:
+            if self._scripts is None:
+                scripts = ScriptSet(client)
+                self._key_args = scripts.key_args(self.keys.state_keys())
+                self._scripts = scripts
+            return self._scripts
 
     def _call(self, fn: Callable[[], _T]) -> _T:
         try:
             return fn()
-        except ResponseError as exc:
-            text = str(exc)
-            if "CSWRONGTYPE" in text:
-                # "CSWRONGTYPE <index in KEYS> <found> <expected> <key>"; take the key from our
-                # own list, since its text may contain spaces
-                parts = text.split("CSWRONGTYPE", 1)[1].split(None, 3)
-                index, found, expected = ([*parts, "?", "?", "?"])[:3]
-                state_keys = self.keys.state_keys()
-                key = (
-                    state_keys[int(index) - 1]
-                    if index.isdigit() and 1 <= int(index) <= len(state_keys)
-                    else "?"
-                )
-                raise SemaphoreStateError(
-                    f"semaphore {self.name!r}: key {key!r} holds a {found}, expected a {expected}; "
+        except RedisError as exc:
+            raise self._error(exc) from exc
+
+    def _error(self, exc: RedisError) -> SemaphoreError:
+        """The SemaphoreError for a redis-py error of one of our calls."""
+        if not isinstance(exc, ResponseError):
+            return SemaphoreBackendError(
+                f"semaphore {self.name!r}: Redis failed: {type(exc).__name__}: {exc}",
+                name=self.name,
+            )
+        if "WRONGTYPE" in str(exc):
+            # A key holds another type than ours.  The scripts read every key before their
+            # first write, so the command failed before changing anything; find the key.
+            state_error = self._state_error()
+            if state_error is not None:
+                return state_error
+        return SemaphoreBackendError(
+            f"semaphore {self.name!r}: Redis refused the command: {exc}", name=self.name
+        )
+
+    def _state_error(self) -> SemaphoreStateError | None:
+        """A SemaphoreStateError naming the first of our keys that holds a foreign type, or
+        None when none does (any more) or Redis cannot tell."""
+        keys = self.keys.state_keys()
+        try:
+            pipe = self.client.pipeline(transaction=False)
+            for key in keys:
+                pipe.type(key)
+            found = [_text(t) for t in pipe.execute()]
+        except RedisError:
+            return None
+        for key, kind, expected in zip(keys, found, SemaphoreKeys.TYPES, strict=True):
+            if kind not in ("none", expected):
+                return SemaphoreStateError(
+                    f"semaphore {self.name!r}: key {key!r} holds a {kind}, expected a {expected}; "
                     "something other than celery-semaphore wrote it. Nothing was changed: "
                     "remove or rename that key (or use another key_prefix).",
                     name=self.name,
                     key=key,
-                ) from exc
-            raise SemaphoreBackendError(
-                f"semaphore {self.name!r}: Redis refused the command: {exc}", name=self.name
-            ) from exc
-        except RedisError as exc:
-            raise SemaphoreBackendError(
-                f"semaphore {self.name!r}: Redis failed: {type(exc).__name__}: {exc}",
-                name=self.name,
-            ) from exc
+                )
+        return None
 
     def _wake(self, pairs: list[Any]) -> None:
         """Wake the waiters a script named: push to blocked ones' lists, hand parked ones'
@@ -381,7 +429,12 @@ class Semaphore:
     @staticmethod
     def new_ticket() -> str:
         """A fresh, unique ticket for :meth:`try_acquire` or ``acquire(ticket=...)``."""
-        return uuid.uuid4().hex
+        # what uuid.uuid4().hex returns (122 random bits, version 4, RFC 4122 variant), built
+        # without a UUID object, which costs several times more than the randomness
+        raw = bytearray(os.urandom(16))
+        raw[6] = (raw[6] & 0x0F) | 0x40
+        raw[8] = (raw[8] & 0x3F) | 0x80
+        return raw.hex()
 
     def try_acquire(
         self,
@@ -415,28 +468,19 @@ class Semaphore:
         owner_text = (
             json.dumps(dict(owner), default=str) if owner is not None else _default_owner_text()
         )
-        reply = self._run(
-            "acquire",
-            [
-                ticket,
-                weight,
-                self.limit,
-                self._ms(lease or self.lease_ttl),
-                int(place * 1000),
-                claim,
-                owner_text,
-                wake_data,
-                int(wake_grace * 1000),
-                epoch,
-                1 if check_done else 0,
-            ],
+        # see acquire.lua for the ARGV; the integers travel as one argument
+        numbers = (
+            f"{weight} {self.limit} {self._ms(lease or self.lease_ttl)} {int(place * 1000)} "
+            f"{int(wake_grace * 1000)} {epoch} {1 if check_done else 0}"
         )
-        status = AttemptStatus(int(reply[0]))
+        reply = self._run("acquire", [ticket, numbers, claim, owner_text, wake_data])
+        status = _STATUSES[int(reply[0])]
         limit = int(reply[4])
-        self._wake(reply[5:])
-        if status in (AttemptStatus.GRANTED, AttemptStatus.ALREADY_HELD):
+        if len(reply) > 5:
+            self._wake(reply[5:])
+        if status is AttemptStatus.GRANTED or status is AttemptStatus.ALREADY_HELD:
             permit = Permit(self, ticket, weight, int(reply[1]), int(reply[2]) / 1000, claim)
-            return Attempt(status, permit=permit, limit=limit)
+            return Attempt(status, permit, None, 0, limit)
         if status is AttemptStatus.WAITING:
             return Attempt(status, position=int(reply[1]), epoch=int(reply[2]), limit=limit)
         if status is AttemptStatus.STALE:
@@ -457,8 +501,10 @@ class Semaphore:
         tombstone (the token may be acquired again at once)."""
         tomb = _validate.optional_non_negative_seconds("tombstone_ttl", tombstone_ttl)
         tomb_ms = self._ms(DEFAULT_TOMBSTONE_TTL) if tomb is None else int(tomb * 1000)
-        reply = self._run("release", [token, self.limit, tomb_ms, 1000, claim])
-        self._wake(reply[1:])
+        # see release.lua for the ARGV; the integers travel as one argument
+        reply = self._run("release", [token, f"{self.limit} {tomb_ms} 1000", claim])
+        if len(reply) > 1:
+            self._wake(reply[1:])
         return int(reply[0]) in (1, 2)
 
     def refresh_token(
@@ -509,11 +555,11 @@ class Semaphore:
         """Store a runtime limit in Redis that every client of this semaphore obeys (None
         clears it).  Lowering it revokes nothing: new grants wait until enough is released."""
         if limit is None:
-            self._call(lambda: self.client.hdel(self.keys.meta, "limit_override"))
+            self._call(lambda: self.client.hdel(self.keys.state, "limit_override"))
             self.reclaim()
             return
         value = _validate.positive_int("limit", limit)
-        self._call(lambda: self.client.hset(self.keys.meta, "limit_override", value))
+        self._call(lambda: self.client.hset(self.keys.state, "limit_override", value))
         self.reclaim()
 
     # -- the public API ---------------------------------------------------------------------
@@ -672,32 +718,30 @@ class Semaphore:
         rest = reply[5:]
         holders = []
         for i in range(n_holders):
-            token, expiry, raw = rest[3 * i : 3 * i + 3]
-            info = json.loads(_text(raw))
+            token, expiry, weight, fence, acquired, owner = rest[6 * i : 6 * i + 6]
             holders.append(
                 HolderInfo(
                     token=_text(token),
-                    weight=int(info["w"]),
-                    fencing_token=int(info["f"]),
-                    acquired_at=int(info["at"]) / 1000,
+                    weight=int(weight),
+                    fencing_token=int(_text(fence)),
+                    acquired_at=int(_text(acquired)) / 1000,
                     lease_remaining=(float(_text(expiry)) - now_ms) / 1000,
-                    owner=_owner(info.get("o")),
+                    owner=_owner(_text(owner)),
                 )
             )
-        rest = rest[3 * n_holders :]
+        rest = rest[6 * n_holders :]
         waiters = []
         for i in range(n_waiters):
-            ticket, expiry, raw = rest[3 * i : 3 * i + 3]
-            info = json.loads(_text(raw))
+            ticket, expiry, weight, since, data, owner = rest[6 * i : 6 * i + 6]
             waiters.append(
                 WaiterInfo(
                     ticket=_text(ticket),
                     position=i,
-                    weight=int(info["w"]),
-                    waiting_since=int(info["since"]) / 1000,
+                    weight=int(weight),
+                    waiting_since=int(_text(since)) / 1000,
                     place_remaining=(float(_text(expiry)) - now_ms) / 1000,
-                    parked=bool(info.get("d")),
-                    owner=_owner(info.get("o")),
+                    parked=bool(data),
+                    owner=_owner(_text(owner)),
                 )
             )
         return Snapshot(

@@ -1,31 +1,27 @@
 -- refresh: extend a holder's lease, or keep a waiter's place alive.
 --
--- KEYS[1..7]: see _lib.lua.
+-- KEYS[1..3]: see _lib.lua.
 -- ARGV[1] token
 -- ARGV[2] lease_ms      new lease length, from now, for a holder
 -- ARGV[3] place_ttl_ms  new place lifetime, from now, for a waiter
--- ARGV[4] limit         the caller's limit (a runtime limit_override in meta wins)
+-- ARGV[4] limit         the caller's limit (a runtime limit_override in state wins)
 -- ARGV[5] wake_grace_ms see acquire.lua
 --
 -- Returns {status, expiry ms, wake pairs...}: status 1 holder extended, 2 waiter's place
 -- extended, 0 neither (the permit or place was lost).  The wake pairs name the waiters that
 -- units freed by the reclaim (expired leases, places) now belong to.
-local err = check_types()
-if err then return err end
-
 local token = ARGV[1]
-local now = now_ms()
-reclaim(now)
+local holder, waiter = begin('h:' .. token, 'w:' .. token)
 local reply = {0, 0}
-if redis.call('ZSCORE', K_HOLDERS, token) then
+if holder then
   local expiry = now + tonumber(ARGV[2])
-  redis.call('ZADD', K_HOLDERS, 'XX', expiry, token)
+  redis.call('ZADD', K_EXP, 'XX', expiry, 'h:' .. token)
   reply = {1, expiry}
-elseif redis.call('ZSCORE', K_WEXP, token) then
+elseif waiter then
   local expiry = now + tonumber(ARGV[3])
-  redis.call('ZADD', K_WEXP, 'XX', expiry, token)
+  redis.call('ZADD', K_EXP, 'XX', expiry, 'w:' .. token)
   reply = {2, expiry}
 end
-local list = entitled(effective_limit(tonumber(ARGV[4])), meta_int('used'))
+local list = entitled(effective_limit(tonumber(ARGV[4])), used)
 -- '' for me: a waiter that only refreshes its place is not granted, so it is named too
-return collect_wakes(list, '', now, tonumber(ARGV[5]), reply)
+return collect_wakes(list, '', tonumber(ARGV[5]), reply)

@@ -1,22 +1,18 @@
 -- withdraw: leave the line (a waiter that gives up), and name the waiters that the units it
 -- had reserved now belong to.
 --
--- KEYS[1..7]: see _lib.lua.
+-- KEYS[1..3]: see _lib.lua.
 -- ARGV[1] ticket
--- ARGV[2] limit          the caller's limit (a runtime limit_override in meta wins)
+-- ARGV[2] limit          the caller's limit (a runtime limit_override in state wins)
 -- ARGV[3] wake_grace_ms  see acquire.lua
 --
 -- Returns {status, wake pairs...}: status 1 the place was removed, 0 there was none.
-local err = check_types()
-if err then return err end
-
 local ticket = ARGV[1]
-local now = now_ms()
-reclaim(now)
+begin()
 local status = 0
-if redis.call('ZSCORE', K_WAITERS, ticket) then
+if redis.call('ZSCORE', K_LINE, ticket) then
   drop_waiter(ticket)
   status = 1
 end
-local list = entitled(effective_limit(tonumber(ARGV[2])), meta_int('used'))
-return collect_wakes(list, '', now, tonumber(ARGV[3]), {status})
+local list = entitled(effective_limit(tonumber(ARGV[2])), used)
+return collect_wakes(list, '', tonumber(ARGV[3]), {status})

@@ -42,7 +42,7 @@ def test_reports_a_lost_permit(
     assert permit is not None
     lost = threading.Event()
     # fault injected on purpose: the lease runs out behind the holder's back
-    redis_client.zadd(sem.keys.holders, {permit.token: 0}, xx=True)
+    redis_client.zadd(sem.keys.expiry, {"h:" + permit.token: 0}, xx=True)
     with caplog.at_level(logging.ERROR, logger="celery_semaphore.heartbeat"):
         beat.register(permit, interval=0.05, task_id="task-42", on_lost=lambda p: lost.set())
         assert lost.wait(5), "the lost permit was not reported"

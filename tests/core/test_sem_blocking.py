@@ -135,7 +135,7 @@ def test_reclaimed_lease_wakes_a_blocked_waiter(
     waiter = _block_one(sem)
     time.sleep(0.1)
     # the holder's process died: its lease runs out, and the next operation reclaims it
-    redis_client.zadd(sem.keys.holders, {holder.token: 0}, xx=True)
+    redis_client.zadd(sem.keys.expiry, {"h:" + holder.token: 0}, xx=True)
     assert sem.reclaim() == 1
     assert waiter.done.wait(0.5), "the waiter was not woken when the lease was reclaimed"
     assert waiter.permit is not None
@@ -155,7 +155,7 @@ def test_lease_reclaimed_by_another_operation_wakes_waiters(
     assert alive is not None
     waiter = _block_one(sem)
     time.sleep(0.1)
-    redis_client.zadd(sem.keys.holders, {dead.token: 0}, xx=True)
+    redis_client.zadd(sem.keys.expiry, {"h:" + dead.token: 0}, xx=True)
     if trigger == "acquire":
         # a newcomer: not granted (the unit is the waiter's), but it freed the unit
         assert sem.acquire(blocking=False) is None
@@ -176,7 +176,7 @@ def test_granted_newcomer_wakes_the_waiters_the_reclaim_freed(
     time.sleep(0.1)
     for permit in dead:
         assert permit is not None
-        redis_client.zadd(sem.keys.holders, {permit.token: 0}, xx=True)
+        redis_client.zadd(sem.keys.expiry, {"h:" + permit.token: 0}, xx=True)
     # the newcomer's acquire frees two units: one is the waiter's, the other the newcomer's
     newcomer = sem.acquire(blocking=False)
     assert newcomer is not None

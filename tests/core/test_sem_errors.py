@@ -111,44 +111,107 @@ def test_foreign_value_at_a_semaphore_key_is_left_alone(
     make_semaphore: SemaphoreFactory, redis_client: redis.Redis, key_prefix: str
 ) -> None:
     sem = make_semaphore("squatted", 2)
-    redis_client.set(sem.keys.holders, "not yours")
+    redis_client.set(sem.keys.expiry, "not yours")
     before = sorted(redis_client.scan_iter(match=key_prefix + "*"))
 
-    operations: list[Callable[[], object]] = [
-        lambda: sem.acquire(blocking=False),
-        lambda: sem.acquire(timeout=0.05),
-        lambda: sem.try_acquire("t", place_ttl=5.0),
-        lambda: sem.release_token("t"),
-        lambda: sem.refresh_token("t"),
-        lambda: sem.withdraw("t"),
-        lambda: sem.reclaim(),
-        lambda: sem.inspect(),
-    ]
-    for op in operations:
+    for op in _operations(sem):
         with pytest.raises(SemaphoreStateError) as exc_info:
             op()
         err = exc_info.value
-        assert err.key == sem.keys.holders
-        assert sem.keys.holders in str(err)
+        assert err.key == sem.keys.expiry
+        assert sem.keys.expiry in str(err)
         assert "string" in str(err)
         assert err.name == "squatted"
         assert isinstance(err, SemaphoreError)
 
-    assert redis_client.get(sem.keys.holders) == b"not yours"
-    assert redis_client.type(sem.keys.holders) == b"string"
+    assert redis_client.get(sem.keys.expiry) == b"not yours"
+    assert redis_client.type(sem.keys.expiry) == b"string"
     assert sorted(redis_client.scan_iter(match=key_prefix + "*")) == before
+
+
+def _operations(sem: Semaphore) -> list[Callable[[], object]]:
+    return [
+        lambda: sem.acquire(blocking=False),
+        lambda: sem.acquire(timeout=0.05),
+        lambda: sem.try_acquire("t", place_ttl=5.0),
+        lambda: sem.try_acquire("holder", claim="c"),  # already held
+        lambda: sem.try_acquire("waiter", place_ttl=5.0),  # has a place
+        lambda: sem.try_acquire("released", check_done=True),
+        lambda: sem.release_token("t"),
+        lambda: sem.release_token("holder"),
+        lambda: sem.release_token("released"),
+        lambda: sem.refresh_token("t"),
+        lambda: sem.refresh_token("holder"),
+        lambda: sem.refresh_token("waiter"),
+        lambda: sem.withdraw("waiter"),
+        lambda: sem.reclaim(),
+        lambda: sem.inspect(),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("which", "squat"),
+    [
+        ("expiry", lambda c, k: c.set(k, "not yours")),
+        ("expiry", lambda c, k: c.hset(k, "h:holder", "1")),
+        ("state", lambda c, k: c.set(k, "not yours")),
+        ("state", lambda c, k: c.zadd(k, {"used": 0})),
+        ("line", lambda c, k: c.rpush(k, "waiter")),
+        ("line", lambda c, k: c.hset(k, "waiter", "1")),
+    ],
+)
+def test_foreign_type_at_any_key_destroys_no_data(
+    make_semaphore: SemaphoreFactory,
+    redis_client: redis.Redis,
+    key_prefix: str,
+    which: str,
+    squat: Callable[[redis.Redis, str], object],
+) -> None:
+    # A semaphore with a holder, a waiter, a tombstone, and entries whose time ran out, so
+    # every script has something to reclaim and to write; then one key is replaced by a value
+    # of another type.  Every operation must fail naming that key, and leave every key of the
+    # semaphore exactly as it was (the scripts read all keys before their first write).
+    sem = make_semaphore("squatted-" + which, 2)
+    assert sem.try_acquire("holder", claim="c").status.name == "GRANTED"
+    assert sem.try_acquire("released").status.name == "GRANTED"
+    assert sem.release_token("released") is True
+    assert sem.try_acquire("expired").status.name == "GRANTED"
+    assert sem.try_acquire("waiter", place_ttl=60.0).status.name == "WAITING"
+    assert sem.try_acquire("gone", place_ttl=60.0).status.name == "WAITING"
+    expired = {"h:expired": 0, "w:gone": 0}
+    assert redis_client.zadd(sem.keys.expiry, expired, xx=True, ch=True) == 2
+    key = getattr(sem.keys, which)
+    snapshot = {k: redis_client.dump(k) for k in sem.keys.state_keys()}
+    redis_client.delete(key)
+    squat(redis_client, key)
+    foreign = redis_client.dump(key)
+    snapshot[key] = foreign
+
+    for op in _operations(sem):
+        with pytest.raises(SemaphoreStateError) as exc_info:
+            op()
+        assert exc_info.value.key == key
+        assert key in str(exc_info.value)
+        assert {k: redis_client.dump(k) for k in sem.keys.state_keys()} == snapshot
+    # set_limit_override stores the override itself, then reclaims: it fails naming the key too
+    with pytest.raises(SemaphoreStateError) as exc_info:
+        sem.set_limit_override(5)
+    assert exc_info.value.key == key
+    assert sorted(redis_client.scan_iter(match=key_prefix + "*")) == sorted(
+        k.encode() for k in sem.keys.state_keys()
+    )
 
 
 def test_state_error_names_the_key_even_with_spaces_in_the_prefix(
     redis_client: redis.Redis, key_prefix: str
 ) -> None:
     sem = Semaphore("odd name", 2, redis=redis_client, key_prefix=key_prefix + " with spaces")
-    redis_client.hset(sem.keys.waiters, "field", "value")  # a hash where a sorted set belongs
+    redis_client.hset(sem.keys.line, "field", "value")  # a hash where a sorted set belongs
     with pytest.raises(SemaphoreStateError) as exc_info:
         sem.acquire(blocking=False)
-    assert exc_info.value.key == sem.keys.waiters
+    assert exc_info.value.key == sem.keys.line
     assert re.search(r"holds a hash, expected a zset", str(exc_info.value))
-    assert redis_client.hgetall(sem.keys.waiters) == {b"field": b"value"}
+    assert redis_client.hgetall(sem.keys.line) == {b"field": b"value"}
 
 
 def test_blocking_acquire_reports_the_state_error_not_a_cleanup_error(
@@ -157,20 +220,20 @@ def test_blocking_acquire_reports_the_state_error_not_a_cleanup_error(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     sem = make_semaphore("squatted-blocking", 2)
-    redis_client.set(sem.keys.meta, "not yours")
+    redis_client.set(sem.keys.state, "not yours")
     with (
         caplog.at_level(logging.WARNING, logger="celery_semaphore"),
         pytest.raises(SemaphoreStateError) as exc_info,
     ):
         sem.acquire(timeout=1.0)
-    assert exc_info.value.key == sem.keys.meta
+    assert exc_info.value.key == sem.keys.state
     # the exception is the acquire's own, not one raised while cleaning up after it (that
     # one is logged)
     frames = {entry.name for entry in exc_info.traceback}
     assert "try_acquire" in frames
     assert "_leave" not in frames
     assert "cleanup after waiting failed" in caplog.text
-    assert redis_client.get(sem.keys.meta) == b"not yours"
+    assert redis_client.get(sem.keys.state) == b"not yours"
 
 
 def _dead_client() -> redis.Redis:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import uuid
 from collections.abc import Callable
 
 import redis
@@ -15,12 +16,12 @@ SemaphoreFactory = Callable[..., Semaphore]
 
 
 def _used(client: redis.Redis, sem: Semaphore) -> int:
-    return int(client.hget(sem.keys.meta, "used") or 0)
+    return int(client.hget(sem.keys.state, "used") or 0)
 
 
 def _acquire_args(sem: Semaphore, ticket: str, weight: int, claim: str) -> list[object]:
     # the exact ARGV that try_acquire sends (see acquire.lua)
-    return [ticket, weight, sem.limit, 60_000, 0, claim, json.dumps({}), "", 1000, 0, 0]
+    return [ticket, f"{weight} {sem.limit} 60000 0 1000 0 0", claim, json.dumps({}), ""]
 
 
 def test_resent_acquire_script_is_idempotent(
@@ -36,7 +37,7 @@ def test_resent_acquire_script_is_idempotent(
     assert _used(redis_client, sem) == 2
     assert sem.available() == 3
     assert [(h.token, h.weight) for h in sem.holders()] == [("ticket-1", 2)]
-    assert int(redis_client.hget(sem.keys.meta, "fence") or 0) == 1
+    assert int(redis_client.hget(sem.keys.state, "fence") or 0) == 1
 
 
 def test_try_acquire_same_ticket_and_claim_twice(
@@ -116,6 +117,44 @@ def test_fencing_tokens_strictly_increase(make_semaphore: SemaphoreFactory) -> N
             permit.release()
         else:
             # one expired lease in between: its replacement still gets a higher token
-            assert s.client.zadd(s.keys.holders, {permit.token: 0}, xx=True, ch=True) == 1
+            expired = {"h:" + permit.token: 0}
+            assert s.client.zadd(s.keys.expiry, expired, xx=True, ch=True) == 1
     assert all(a < b for a, b in itertools.pairwise(tokens)), tokens
     assert sem.holders() == []
+
+
+def test_tombstone_outlives_a_regrant_of_the_same_ticket(
+    make_semaphore: SemaphoreFactory, redis_client: redis.Redis
+) -> None:
+    # A release leaves a tombstone; granting the same ticket again (without check_done) must
+    # not erase it: once the new grant's lease is lost, a re-sent release of the first permit
+    # still reports success, and check_done still reports DONE.
+    sem = make_semaphore("regrant", 2)
+    first = sem.try_acquire("T")
+    assert first.status is AttemptStatus.GRANTED
+    assert sem.release_token("T") is True
+    again = sem.try_acquire("T")
+    assert again.status is AttemptStatus.GRANTED
+    assert again.permit is not None
+    assert first.permit is not None
+    assert again.permit.fencing_token > first.permit.fencing_token
+    assert sem.try_acquire("T", check_done=True).status is AttemptStatus.ALREADY_HELD
+    # the second grant's lease runs out and is reclaimed
+    assert redis_client.zadd(sem.keys.expiry, {"h:T": 0}, xx=True, ch=True) == 1
+    assert sem.reclaim() == 1
+    assert sem.holders() == []
+    assert _used(redis_client, sem) == 0
+    assert sem.release_token("T") is True  # the first release's tombstone
+    assert sem.try_acquire("T", check_done=True).status is AttemptStatus.DONE
+    assert sem.refresh_token("T") is None  # a tombstone is not a permit
+    assert sem.available() == 2
+
+
+def test_new_tickets_look_like_uuid4_hex() -> None:
+    tickets = {Semaphore.new_ticket() for _ in range(1000)}
+    assert len(tickets) == 1000
+    for ticket in tickets:
+        parsed = uuid.UUID(hex=ticket)
+        assert parsed.hex == ticket
+        assert parsed.version == 4
+        assert parsed.variant == uuid.RFC_4122

@@ -202,7 +202,7 @@ class SemaphoreMachine(RuleBasedStateMachine):
     def expire_lease(self, data: st.DataObject) -> None:
         ticket = data.draw(st.sampled_from(sorted(self.model.holders)))
         # inject the fault: the lease ran out long ago; the next operation reclaims it
-        assert self.client.zadd(self.sem.keys.holders, {ticket: 0}, xx=True, ch=True) == 1
+        assert self.client.zadd(self.sem.keys.expiry, {"h:" + ticket: 0}, xx=True, ch=True) == 1
         self.unreclaimed += self.model.holders.pop(ticket)[0]
         self.pending = True
 
@@ -210,7 +210,7 @@ class SemaphoreMachine(RuleBasedStateMachine):
     @rule(data=st.data())
     def expire_place(self, data: st.DataObject) -> None:
         ticket = data.draw(st.sampled_from(sorted(t for t, _ in self.model.waiters)))
-        assert self.client.zadd(self.sem.keys.waiter_exp, {ticket: 0}, xx=True, ch=True) == 1
+        assert self.client.zadd(self.sem.keys.expiry, {"w:" + ticket: 0}, xx=True, ch=True) == 1
         self.model.drop_waiter(ticket)
         self.pending = True
 
@@ -238,7 +238,7 @@ class SemaphoreMachine(RuleBasedStateMachine):
         assert snap.available == max(0, self.model.effective - self.model.used)
         # the counter the scripts keep agrees, counting leases expired by the last rule (which
         # the next operation reclaims)
-        raw = self.client.hget(self.sem.keys.meta, "used")
+        raw = self.client.hget(self.sem.keys.state, "used")
         assert int(raw or 0) == self.model.used + self.unreclaimed
 
     @invariant()
