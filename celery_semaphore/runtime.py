@@ -62,6 +62,10 @@ HEADER = "semaphore_wait"
 PLACE_SLACK = 30.0
 #: a parked waiter is re-woken (another copy published) at most this often
 PARKED_WAKE_GRACE = 5.0
+#: a place in line kept by a task waiting in its slot (it refreshes it every poll_interval)
+IN_SLOT_PLACE_TTL = 5.0
+#: how long a task may wait in a slot that no other task of its worker wants (threads/solo)
+IDLE_SLOT_WAIT = 60.0
 
 log_acquire = logging.getLogger("celery_semaphore.acquire")
 log_release = logging.getLogger("celery_semaphore.release")
@@ -296,17 +300,26 @@ def _run_in_worker(
     try:
         attempt = sem.try_acquire(ticket, place_ttl=opts.wait_timeout + PLACE_SLACK, **common)
         standby = opts.standby if opts.standby is not None else sem.limit
+        slot = _SlotWatch(request.id, sem.name)
+        near_head = (attempt.position or 0) < standby
+        visible = slot.visible()
         if (
             attempt.status is AttemptStatus.WAITING
             and opts.wait_timeout > 0
-            and (attempt.position or 0) < standby
+            and (near_head or (visible and not slot.wanted()))
         ):
-            # keep_place: when the wait ends without a grant, the place stays for _park
+            # Wait in the worker slot: near the head of the line for up to wait_timeout, and
+            # beyond that for as long as no other task of this worker wants the slot (threads
+            # and solo pools, where this process can see the worker's received tasks).
+            # keep_place: when the wait ends without a grant, the place stays for _park.
             attempt = sem.wait(
                 ticket,
-                timeout=opts.wait_timeout,
-                place_ttl=opts.wait_timeout + PLACE_SLACK,
+                timeout=max(opts.wait_timeout, IDLE_SLOT_WAIT) if visible else opts.wait_timeout,
+                place_ttl=IN_SLOT_PLACE_TTL,  # refreshed every poll while it waits
                 keep_place=PLACE_SLACK,
+                give_up=slot.give_up_after(opts.wait_timeout if near_head else 0.0)
+                if visible
+                else None,
                 **common,
             )
     except SemaphoreBackendError as exc:
@@ -337,6 +350,44 @@ def _run_in_worker(
         if attempt.permit is not None:
             return _hold(task, sem, attempt.permit, opts, state, call)
     return _drop_duplicate(task, sem, attempt)
+
+
+class _SlotWatch:
+    """Is another task of this worker waiting for the slot a waiting task occupies?
+
+    Only knowable where the task runs in the worker's main process (threads and solo pools):
+    there, Celery's worker state lists the requests received but not started.  Requests of
+    the same semaphore do not count (they would only wait too)."""
+
+    def __init__(self, task_id: str, name: str) -> None:
+        self.task_id, self.name = task_id, name
+
+    def give_up_after(self, grace: float) -> Callable[[], bool]:
+        """A ``give_up`` for :meth:`Semaphore.wait`: after ``grace`` seconds, as soon as
+        another task wants the slot."""
+        start = clock.monotonic()
+        return lambda: clock.monotonic() - start >= grace and self.wanted()
+
+    def visible(self) -> bool:
+        try:
+            from celery.worker import state
+        except ImportError:  # pragma: no cover
+            return False
+        return any(r.id == self.task_id for r in list(state.active_requests))
+
+    def wanted(self) -> bool:
+        from celery.worker import state
+
+        from .decorators import spec_of
+
+        active = {r.id for r in list(state.active_requests)}
+        for req in list(state.reserved_requests):
+            if req.id in active:
+                continue
+            spec = spec_of(getattr(req, "task", None))
+            if spec is None or spec.name != self.name:
+                return True
+        return False
 
 
 def _reclaim_from_dead_process(sem: Semaphore, token: str) -> bool:

@@ -612,6 +612,8 @@ class Semaphore:
         timeout: float | None,
         place_ttl: float,
         keep_place: float | None = None,
+        give_up: Callable[[], bool] | None = None,
+        check_every: float = 0.1,
         **attempt_options: Any,
     ) -> Attempt:
         """Block until ``ticket`` is granted, stops waiting (any status but WAITING), or
@@ -619,9 +621,10 @@ class Semaphore:
 
         Between attempts it blocks on the ticket's own wake list, so the release that frees
         its units wakes it at once; it re-checks every ``poll_interval`` in case a wake-up was
-        lost.  ``attempt_options`` go to :meth:`try_acquire` unchanged.  When the wait ends
-        without a grant, the place is withdrawn, or with ``keep_place`` kept for that many
-        seconds more.
+        lost.  ``give_up``, when given, is called about every ``check_every`` seconds while
+        blocked; the wait ends (still WAITING) when it returns True.  ``attempt_options`` go
+        to :meth:`try_acquire` unchanged.  When the wait ends without a grant, the place is
+        withdrawn, or with ``keep_place`` kept for that many seconds more.
         """
         deadline = None if timeout is None else clock.monotonic() + timeout
         wake_key = self.keys.wake(ticket)
@@ -632,25 +635,33 @@ class Semaphore:
                 attempt = self.try_acquire(ticket, place_ttl=place_ttl, **attempt_options)
                 if attempt.status is not AttemptStatus.WAITING:
                     return attempt
-                remaining = None if deadline is None else deadline - clock.monotonic()
-                if remaining is not None and remaining <= 0:
+                next_poll = clock.monotonic() + self.poll_interval
+                if deadline is not None:
+                    next_poll = min(next_poll, deadline)
+                while True:  # block until woken, the next poll, or give_up()
+                    remaining = next_poll - clock.monotonic()
+                    if remaining <= 0:
+                        break
+                    blocked = True
+                    step = remaining if give_up is None else min(check_every, remaining)
+                    if self._block(wake_key, step):
+                        break
+                    if give_up is not None and give_up():
+                        return attempt
+                if deadline is not None and clock.monotonic() >= deadline:
                     return attempt
-                blocked = True
-                self._block(
-                    wake_key,
-                    self.poll_interval if remaining is None else min(self.poll_interval, remaining),
-                )
         finally:
             waiting = attempt is None or attempt.status is AttemptStatus.WAITING
             self._leave(
                 ticket, wake_key if blocked else None, waiting=waiting, keep_place=keep_place
             )
 
-    def _block(self, wake_key: str, seconds: float) -> None:
+    def _block(self, wake_key: str, seconds: float) -> bool:
+        """Block on the wake list; True when woken, False when the time ran out."""
         try:
-            self.client.blpop([wake_key], timeout=max(0.01, seconds))
+            return self.client.blpop([wake_key], timeout=max(0.01, seconds)) is not None
         except redis_lib.exceptions.TimeoutError:
-            pass  # the socket timeout is shorter than the block: just try again
+            return False  # the socket timeout is shorter than the block: just try again
         except RedisError as exc:
             raise SemaphoreBackendError(
                 f"semaphore {self.name!r}: Redis failed while waiting: {exc}", name=self.name
