@@ -356,8 +356,9 @@ class _SlotWatch:
     """Is another task of this worker waiting for the slot a waiting task occupies?
 
     Only knowable where the task runs in the worker's main process (threads and solo pools):
-    there, Celery's worker state lists the requests received but not started.  Requests of
-    the same semaphore do not count (they would only wait too)."""
+    there, Celery's worker state lists the requests received but not started.  New requests
+    of the same semaphore do not count (they would only wait too, behind us); returning
+    copies of parked ones do."""
 
     def __init__(self, task_id: str, name: str) -> None:
         self.task_id, self.name = task_id, name
@@ -386,6 +387,10 @@ class _SlotWatch:
                 continue
             spec = spec_of(getattr(req, "task", None))
             if spec is None or spec.name != self.name:
+                return True
+            # A returning copy of a parked task of this semaphore is older than us in line
+            # (and may be the one the free units are reserved for): it needs the slot.
+            if (getattr(req, "request_dict", None) or {}).get(HEADER):
                 return True
         return False
 
