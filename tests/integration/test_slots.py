@@ -68,3 +68,28 @@ def test_waiters_stay_in_idle_slots_and_yield_them_to_other_work(
     assert sorted([a.get(timeout=30), b.get(timeout=30)]) == ["a", "b"]
     wait_until(lambda: not holders(env), 10, what="no holders left")
     assert "parked for" in worker.log()
+
+
+def test_waiters_give_way_to_a_returning_parked_task(node: tuple[Env, Worker]) -> None:
+    """The free unit belongs to a parked task (first in line); its wake-up copy arrives at a
+    worker whose two slots are held by later waiters: one of them must park to let it run,
+    rather than everyone waiting for IDLE_SLOT_WAIT (60 s)."""
+    env, _ = node
+    app = env.client_app()
+    held = semaphore(env).acquire(blocking=False)
+    assert held is not None
+    sem = semaphore(env)
+    try:
+        p = app.send_task(proj.parks_long.name, ("p", 0.05))  # parks at once, countdown 30 s
+        wait_until(lambda: any(w.parked for w in sem.waiters()), 20, what="p parked")
+        a = app.send_task(proj.work.name, ("a", 0.05))
+        b = app.send_task(proj.work.name, ("b", 0.05))
+        wait_until(lambda: len(sem.waiters()) == 3, 20, what="a and b wait in their slots")
+    finally:
+        held.release()  # the unit is p's; the workers' sweep re-dispatches p
+    started = time.monotonic()
+    assert p.get(timeout=30) == "p"
+    assert time.monotonic() - started < 15
+    assert sorted([a.get(timeout=30), b.get(timeout=30)]) == ["a", "b"]
+    assert ran(env)[0] == "p"  # first in line, first to run
+    wait_until(lambda: not holders(env), 10, what="no holders left")
