@@ -302,12 +302,9 @@ def _run_in_worker(
         standby = opts.standby if opts.standby is not None else sem.limit
         slot = _SlotWatch(request.id, sem.name)
         near_head = (attempt.position or 0) < standby
-        visible = slot.visible()
-        if (
-            attempt.status is AttemptStatus.WAITING
-            and opts.wait_timeout > 0
-            and (near_head or (visible and not slot.wanted()))
-        ):
+        waiting = attempt.status is AttemptStatus.WAITING and opts.wait_timeout > 0
+        visible = waiting and slot.visible()  # only looked at when there is a wait
+        if waiting and (near_head or (visible and not slot.wanted())):
             # Wait in the worker slot: near the head of the line for up to wait_timeout, and
             # beyond that for as long as no other task of this worker wants the slot (threads
             # and solo pools, where this process can see the worker's received tasks).
