@@ -273,6 +273,22 @@ def _run_in_worker(
     owner: dict[str, Any],
     call: Callable[[], _T],
 ) -> _T:
+    slot = _SlotWatch(task.request.id, sem.name)
+    try:
+        return _acquire_and_run(task, sem, weight, opts, owner, call, slot)
+    finally:
+        slot.done()
+
+
+def _acquire_and_run(
+    task: Any,
+    sem: Semaphore,
+    weight: int,
+    opts: config.ResolvedOptions,
+    owner: dict[str, Any],
+    call: Callable[[], _T],
+    slot: _SlotWatch,
+) -> _T:
     request = task.request
     state = WaitState.from_request(request)
     redelivered = bool((request.delivery_info or {}).get("redelivered"))
@@ -300,7 +316,6 @@ def _run_in_worker(
     try:
         attempt = sem.try_acquire(ticket, place_ttl=opts.wait_timeout + PLACE_SLACK, **common)
         standby = opts.standby if opts.standby is not None else sem.limit
-        slot = _SlotWatch(request.id, sem.name)
         near_head = (attempt.position or 0) < standby
         waiting = attempt.status is AttemptStatus.WAITING and opts.wait_timeout > 0
         visible = waiting and slot.visible()  # only looked at when there is a wait
@@ -357,14 +372,36 @@ class _SlotWatch:
     of the same semaphore do not count (they would only wait too, behind us); returning
     copies of parked ones do."""
 
+    #: waiters of this process that decided to give their slot up and have not left it yet:
+    #: one waiter yields per task that needs a slot, not every waiter at once
+    _yielding = 0
+    _lock = threading.Lock()
+
     def __init__(self, task_id: str, name: str) -> None:
         self.task_id, self.name = task_id, name
+        self.yielding = False
 
     def give_up_after(self, grace: float) -> Callable[[], bool]:
-        """A ``give_up`` for :meth:`Semaphore.wait`: after ``grace`` seconds, as soon as
-        another task wants the slot."""
+        """A ``give_up`` for :meth:`Semaphore.wait`: after ``grace`` seconds, as soon as a
+        task of this worker needs a slot that no other waiter is already freeing."""
         start = clock.monotonic()
-        return lambda: clock.monotonic() - start >= grace and self.wanted()
+        return lambda: clock.monotonic() - start >= grace and self.claim_yield()
+
+    def claim_yield(self) -> bool:
+        needing = self.needing()
+        with _SlotWatch._lock:
+            if needing > _SlotWatch._yielding:
+                _SlotWatch._yielding += 1
+                self.yielding = True
+                return True
+        return False
+
+    def done(self) -> None:
+        """The task leaves its slot (parked, or ran): its yield, if any, is complete."""
+        if self.yielding:
+            with _SlotWatch._lock:
+                _SlotWatch._yielding -= 1
+            self.yielding = False
 
     def visible(self) -> bool:
         try:
@@ -374,22 +411,29 @@ class _SlotWatch:
         return any(r.id == self.task_id for r in list(state.active_requests))
 
     def wanted(self) -> bool:
+        return self.needing() > 0
+
+    def needing(self) -> int:
+        """How many received-but-not-started tasks of this worker need a slot."""
         from celery.worker import state
 
         from .decorators import spec_of
 
         active = {r.id for r in list(state.active_requests)}
+        count = 0
         for req in list(state.reserved_requests):
             if req.id in active:
                 continue
             spec = spec_of(getattr(req, "task", None))
-            if spec is None or spec.name != self.name:
-                return True
             # A returning copy of a parked task of this semaphore is older than us in line
-            # (and may be the one the free units are reserved for): it needs the slot.
-            if (getattr(req, "request_dict", None) or {}).get(HEADER):
-                return True
-        return False
+            # (and may be the one the free units are reserved for): it needs the slot too.
+            if (
+                spec is None
+                or spec.name != self.name
+                or (getattr(req, "request_dict", None) or {}).get(HEADER)
+            ):
+                count += 1
+        return count
 
 
 def _reclaim_from_dead_process(sem: Semaphore, token: str) -> bool:
