@@ -369,7 +369,7 @@ class _SlotWatch:
 
     Only knowable where the task runs in the worker's main process (threads and solo pools):
     there, Celery's worker state lists the requests received but not started.  New requests
-    of the same semaphore do not count (they would only wait too, behind us); returning
+    of the same semaphore do not count (they would only wait too, behind us); the wake
     copies of parked ones do."""
 
     #: waiters of this process that decided to give their slot up and have not left it yet:
@@ -425,13 +425,11 @@ class _SlotWatch:
             if req.id in active:
                 continue
             spec = spec_of(getattr(req, "task", None))
-            # A returning copy of a parked task of this semaphore is older than us in line
-            # (and may be the one the free units are reserved for): it needs the slot too.
-            if (
-                spec is None
-                or spec.name != self.name
-                or (getattr(req, "request_dict", None) or {}).get(HEADER)
-            ):
+            # The wake copy of a parked task of this semaphore (the free units are reserved for
+            # it) needs the slot too; a copy back on its countdown only would wait again.
+            header = (getattr(req, "request_dict", None) or {}).get(HEADER)
+            woken = isinstance(header, Mapping) and bool(header.get("w"))
+            if spec is None or spec.name != self.name or woken:
                 count += 1
         return count
 
@@ -508,7 +506,8 @@ def _park(
     headers = {k: v for k, v in dict(request.headers or {}).items() if k != HEADER}
     sig = task.signature_from_request(request, headers={**headers, HEADER: later.header(retries)})
     if registered:
-        wake_data = _wake_data(task, request, headers, later.header(retries))
+        # the wake copy says so: units are reserved for it, so it needs a worker slot now
+        wake_data = _wake_data(task, request, headers, {**later.header(retries), "w": 1})
         attempt = sem.try_acquire(
             ticket,
             place_ttl=countdown + max(PLACE_SLACK, opts.lease_ttl),
