@@ -204,10 +204,6 @@ def validate_task_options(options: Mapping[str, Any], *, where: str) -> dict[str
     return checked
 
 
-def _conf_get(conf: Any, key: str, default: Any) -> Any:
-    return conf.get(key, default)
-
-
 def validate_app_settings(conf: Any, namespace: str | None = None) -> dict[str, Any]:
     """Validate every ``semaphore_*`` setting present in ``conf``; raise on the first bad one.
 
@@ -233,9 +229,9 @@ def validate_app_settings(conf: Any, namespace: str | None = None) -> dict[str, 
         )
     out: dict[str, Any] = {}
     for key, (default, check, _doc) in APP_SETTINGS.items():
-        out[key] = check(key, _conf_get(conf, key, default))
+        out[key] = check(key, conf.get(key, default))
     for opt in OPTIONS.values():
-        out[opt.setting] = opt.check(opt.setting, _conf_get(conf, opt.setting, opt.default))
+        out[opt.setting] = opt.check(opt.setting, conf.get(opt.setting, opt.default))
     check_heartbeat(
         "semaphore_heartbeat_interval",
         out["semaphore_heartbeat_interval"],
@@ -275,7 +271,7 @@ def resolve(conf: Any, task_options: Mapping[str, Any]) -> ResolvedOptions:
         if opt.name in task_options:
             values[opt.name] = task_options[opt.name]
         else:
-            values[opt.name] = opt.check(opt.setting, _conf_get(conf, opt.setting, opt.default))
+            values[opt.name] = opt.check(opt.setting, conf.get(opt.setting, opt.default))
     if values["heartbeat_interval"] is None:
         values["heartbeat_interval"] = values["lease_ttl"] / 3
     check_heartbeat(
@@ -286,35 +282,35 @@ def resolve(conf: Any, task_options: Mapping[str, Any]) -> ResolvedOptions:
 
 def semaphore_limit(conf: Any, name: str, code_limit: int) -> int:
     """``semaphore_limits[name]`` when configured, else the limit given in code."""
-    limits = _limits("semaphore_limits", _conf_get(conf, "semaphore_limits", None)) or {}
+    limits = _limits("semaphore_limits", conf.get("semaphore_limits", None)) or {}
     return limits.get(name, code_limit)
 
 
 def redis_url_for(conf: Any) -> str:
     """``semaphore_redis_url``, else a redis(s):// result backend, else a redis(s):// broker."""
-    explicit = _conf_get(conf, "semaphore_redis_url", None)
+    explicit = conf.get("semaphore_redis_url", None)
     if explicit:
         return _validate.redis_url("semaphore_redis_url", _str("semaphore_redis_url", explicit))
     for key in ("result_backend", "broker_url"):
-        value = _conf_get(conf, key, None)
+        value = conf.get(key, None)
         if isinstance(value, str) and urlsplit(value).scheme in ("redis", "rediss"):
             return value.split(";")[0]
     raise ValueError(
         "celery-semaphore needs Redis: set semaphore_redis_url (e.g. "
         "'redis://localhost:6379/0'); neither result_backend nor broker_url is a redis:// "
-        f"or rediss:// URL (result_backend={_conf_get(conf, 'result_backend', None)!r}, "
-        f"broker_url={_conf_get(conf, 'broker_url', None)!r})"
+        f"or rediss:// URL (result_backend={conf.get('result_backend', None)!r}, "
+        f"broker_url={conf.get('broker_url', None)!r})"
     )
 
 
 def visibility_timeout(conf: Any) -> float | None:
     """The Redis broker's visibility_timeout, or None when the broker is not Redis."""
-    broker = _conf_get(conf, "broker_url", None) or ""
+    broker = conf.get("broker_url", None) or ""
     if not isinstance(broker, str) or urlsplit(broker).scheme not in (
         "redis",
         "rediss",
         "sentinel",
     ):
         return None
-    options = _conf_get(conf, "broker_transport_options", None) or {}
+    options = conf.get("broker_transport_options", None) or {}
     return float(options.get("visibility_timeout", 3600))
