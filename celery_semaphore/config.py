@@ -8,7 +8,8 @@ then default.  Settings are read lazily with ``app.conf.get`` (never ``add_defau
 values would beat ``config_from_object``) and validated at worker start.
 
 Settings that only exist at app level: ``semaphore_redis_url``, ``semaphore_key_prefix``,
-``semaphore_limits``, ``semaphore_enabled``, ``semaphore_eager_timeout``.
+``semaphore_limits``, ``semaphore_enabled``, ``semaphore_eager_timeout``,
+``semaphore_worker_hold``.
 """
 
 from __future__ import annotations
@@ -48,6 +49,14 @@ def _policy(param: str, value: object) -> str:
             f"{param}={value!r} is not accepted: use one of {', '.join(LEASE_LOST_POLICIES)}"
         )
     return str(value)
+
+
+def _count(param: str, value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{param} must be an int >= 0, got {type(value).__name__} {value!r}")
+    if value < 0:
+        raise ValueError(f"{param}={value!r} is not accepted: use an int >= 0")
+    return value
 
 
 def _opt_int(param: str, value: object) -> int | None:
@@ -163,6 +172,12 @@ APP_SETTINGS: dict[str, tuple[Any, Callable[[str, object], Any], str]] = {
         _validate.positive_seconds,
         "Seconds an eager or direct call blocks for a permit before SemaphoreTimeout "
         "(semaphore_max_wait wins when set).",
+    ),
+    "semaphore_worker_hold": (
+        1000,
+        _count,
+        "How many waiting limited tasks one worker node holds in its consumer, off the pool, "
+        "until a release wakes them; 0 turns the gate off (tasks wait in their slot or park).",
     ),
 }
 

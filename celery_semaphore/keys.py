@@ -22,7 +22,13 @@ from dataclasses import dataclass
 from typing import ClassVar
 from urllib.parse import quote
 
-__all__ = ["MAX_READABLE", "SemaphoreKeys", "encode_name", "validate_prefix"]
+__all__ = [
+    "MAX_READABLE",
+    "SemaphoreKeys",
+    "encode_name",
+    "node_wake_key",
+    "validate_prefix",
+]
 
 MAX_READABLE = 200
 _SAFE = "-_."  # with ASCII letters and digits, which quote() always leaves alone
@@ -80,3 +86,9 @@ class SemaphoreKeys:
     def wake(self, ticket: str) -> str:
         """The list a blocked waiter with ``ticket`` waits on (BLPOP)."""
         return f"{self.base}:wake:{quote(ticket, safe=_SAFE)}"
+
+
+def node_wake_key(key_prefix: str, node: str, nonce: str) -> str:
+    """The list a worker node's gate waits on for wake-ups of the tasks it holds (tickets are
+    pushed onto it); ``nonce`` tells apart successive runs of a node with the same name."""
+    return f"{key_prefix}:gate:{quote(node, safe=_SAFE)}:{nonce}"

@@ -8,7 +8,11 @@ from a terminate or cold shutdown), unlike ``after_return``, which Celery skips 
 IGNORED and REJECTED.  Deaths the child cannot see (hard time limit, SIGKILL, OOM) are handled
 in the parent by :mod:`celery_semaphore.signals`.
 
-A timeline of a task that waits, then runs::
+In a worker, a limited task normally reaches the body already holding its permit: the worker's
+gate (:mod:`celery_semaphore.gate`) acquired it, holding the task in the consumer while it
+waited, and passed the grant in the request; the wrapper adopts it (no round trip) and releases
+it in the ``finally``.  A task that did not come through a gate (``semaphore_worker_hold = 0``,
+a pool without an event loop) acquires here, in its slot::
 
     worker A: task T arrives ──► try_acquire(ticket "T-id:0")  → WAITING, position 3
               position < standby → wait in the slot (BLPOP on T's wake list) up to
@@ -47,25 +51,31 @@ from .semaphore import Attempt, AttemptStatus, Permit, Semaphore
 from .spec import LimitSpec
 
 __all__ = [
+    "GATE_HEADER",
     "HEADER",
     "WaitState",
     "checkpoint",
+    "client_for",
     "current_permits",
+    "gate_nonce",
     "handled_here",
     "note_handled",
+    "register_gate",
     "run_limited",
     "semaphore_for",
+    "unregister_gate",
 ]
 
 HEADER = "semaphore_wait"
+#: the request key in which the worker-side gate hands its grant to the body (never a message
+#: header: the gate strips it from incoming messages)
+GATE_HEADER = "semaphore_gate"
 #: seconds a parked waiter's place outlives its countdown, to cover broker delivery delays
 PLACE_SLACK = 30.0
 #: a parked waiter is re-woken (another copy published) at most this often
 PARKED_WAKE_GRACE = 5.0
 #: a place in line kept by a task waiting in its slot (it refreshes it every poll_interval)
 IN_SLOT_PLACE_TTL = 5.0
-#: how long a task may wait in a slot that no other task of its worker wants (threads/solo)
-IDLE_SLOT_WAIT = 60.0
 
 log_acquire = logging.getLogger("celery_semaphore.acquire")
 log_release = logging.getLogger("celery_semaphore.release")
@@ -107,8 +117,14 @@ class WaitState:
         raw = headers.get(HEADER) if isinstance(headers, Mapping) else None
         if raw is None:
             raw = getattr(request, HEADER, None)
-        # A header from another attempt (the user's self.retry() copies headers) is void.
-        if not isinstance(raw, Mapping) or raw.get("r") != (request.retries or 0):
+        return cls.from_headers(raw, request.retries or 0)
+
+    @classmethod
+    def from_headers(cls, raw: Any, retries: int) -> WaitState:
+        """From the ``semaphore_wait`` header's value (``raw``) of an execution with
+        ``retries``; a header from another attempt (the user's ``self.retry()`` copies
+        headers) is void."""
+        if not isinstance(raw, Mapping) or raw.get("r") != retries:
             return cls()
         first = raw.get("t0")
         return cls(
@@ -135,7 +151,8 @@ _clients: dict[tuple[int, str], Any] = {}
 _semaphores: dict[tuple[Any, ...], Semaphore] = {}
 
 
-def _client(url: str) -> Any:
+def client_for(url: str) -> Any:
+    """This process's redis-py client for ``url`` (one connection pool per process)."""
     import redis
 
     key = (os.getpid(), url)
@@ -157,7 +174,7 @@ def semaphore_for(app: Any, name: str, limit: int, lease_ttl: float) -> Semaphor
         sem = Semaphore(
             name,
             limit,
-            redis=_client(url),
+            redis=client_for(url),
             lease_ttl=lease_ttl,
             key_prefix=prefix,
             on_wake=_Redispatcher(app),
@@ -169,17 +186,57 @@ def semaphore_for(app: Any, name: str, limit: int, lease_ttl: float) -> Semaphor
 
 
 class _Redispatcher:
-    """``on_wake`` for the Celery layer: publish the parked task's wake copy now."""
+    """``on_wake`` for the Celery layer: units were freed for a waiter that is not blocked in
+    this process.  Its wake data says where it waits: ``@<key>``, held by a worker's gate
+    (wake that gate: directly when it runs in this process, else by pushing the ticket onto
+    its wake list); else a parked task's wake copy, published now."""
 
     def __init__(self, app: Any) -> None:
         self.app = app
 
     def __call__(self, ticket: str, data: str) -> None:
+        if data.startswith("@"):
+            key = data[1:]
+            gate = _gates.get(key)
+            if gate is not None and gate.pid == os.getpid():
+                gate.wake(ticket)
+                return
+            client = client_for(config.redis_url_for(self.app.conf))
+            pipe = client.pipeline(transaction=False)
+            pipe.rpush(key, ticket)
+            pipe.expire(key, GATE_WAKE_TTL)
+            pipe.execute()
+            return
         from celery.canvas import Signature
 
         sig = Signature.from_dict(kombu_json.loads(data), app=self.app)  # type: ignore[no-untyped-call]
         sig.apply_async()
         log_acquire.info("semaphore wake-up: re-dispatched parked task %s now", ticket)
+
+
+# -- the worker-side gate's registry (see celery_semaphore.gate) ------------------------------
+
+#: seconds a gate's wake list outlives its last push (a gate that died leaves nothing behind)
+GATE_WAKE_TTL = 3600
+_gates: dict[str, Any] = {}
+_nonce: str | None = None
+
+
+def gate_nonce() -> str:
+    """This worker's gate nonce: made once in the worker's main process, before the pool
+    forks, so its children share it; a grant is trusted only with this nonce."""
+    global _nonce
+    if _nonce is None:
+        _nonce = uuid.uuid4().hex
+    return _nonce
+
+
+def register_gate(key: str, gate: Any) -> None:
+    _gates[key] = gate
+
+
+def unregister_gate(key: str) -> None:
+    _gates.pop(key, None)
 
 
 # -- helpers for task code --------------------------------------------------------------------
@@ -231,9 +288,78 @@ def run_limited(task: Any, spec: LimitSpec, call: Callable[[], _T]) -> _T:
         "pid": os.getpid(),
         "machine": socket.gethostname(),
     }
+    directive = _gate_directive(request)
+    if directive is not None:
+        return _run_gated(task, sem, weight, opts, owner, directive, call)
     if request.called_directly or request.is_eager or not request.id:
         return _run_blocking(task, sem, weight, opts, owner, call)
-    return _run_in_worker(task, sem, weight, opts, owner, call)
+    return _acquire_and_run(task, sem, weight, opts, owner, call)
+
+
+def _gate_directive(request: Any) -> Mapping[str, Any] | None:
+    """What the worker's gate decided for this execution, if it came through the gate: only
+    a directive carrying this worker's nonce and this execution's ticket counts."""
+    raw = getattr(request, GATE_HEADER, None)
+    if not isinstance(raw, Mapping) or _nonce is None or raw.get("n") != _nonce:
+        return None
+    if raw.get("t") != f"{request.id}:{request.retries or 0}":
+        return None
+    return raw
+
+
+def _run_gated(
+    task: Any,
+    sem: Semaphore,
+    weight: int,
+    opts: config.ResolvedOptions,
+    owner: dict[str, Any],
+    directive: Mapping[str, Any],
+    call: Callable[[], _T],
+) -> _T:
+    """The gate held this task and decided: run with its grant, park, or time out."""
+    request = task.request
+    state = WaitState.from_request(request)
+    ticket = str(directive["t"])
+    do = directive.get("do")
+    if do == "run":
+        permit = Permit(
+            sem,
+            ticket,
+            weight,
+            int(directive["f"]),
+            float(directive["x"]),
+            str(directive["c"]),
+        )
+        return _hold(task, sem, permit, opts, state, call)
+    if do == "timeout":
+        waited = float(directive.get("w", 0.0))
+        raise _timeout(task, sem, waited, opts.max_wait or 0.0)
+    # "park": held too long for the broker; re-publish with a countdown, keep the place
+    first = state.first_wait if state.first_wait is not None else time.time()
+    state = WaitState(state.epoch, state.waits, first, state.takeover)
+    common = _common(weight, owner, uuid.uuid4().hex, state, opts)
+    attempt = _park(task, sem, state, opts, ticket, common, registered=True)
+    if attempt.permit is not None:
+        return _hold(task, sem, attempt.permit, opts, state, call)
+    return _drop_duplicate(task, sem, attempt)
+
+
+def _common(
+    weight: int,
+    owner: dict[str, Any] | None,
+    claim: str,
+    state: WaitState,
+    opts: config.ResolvedOptions,
+) -> dict[str, Any]:
+    """The try_acquire arguments every attempt of one execution shares."""
+    return {
+        "weight": weight,
+        "owner": owner,
+        "claim": claim,
+        "epoch": state.epoch,
+        "check_done": state.epoch > 0 or state.takeover,
+        "lease_ttl": opts.lease_ttl,
+    }
 
 
 def _run_blocking(
@@ -265,21 +391,6 @@ def _timeout(task: Any, sem: Semaphore, waited: float, bound: float) -> Semaphor
     )
 
 
-def _run_in_worker(
-    task: Any,
-    sem: Semaphore,
-    weight: int,
-    opts: config.ResolvedOptions,
-    owner: dict[str, Any],
-    call: Callable[[], _T],
-) -> _T:
-    slot = _SlotWatch(task.request.id, sem.name)
-    try:
-        return _acquire_and_run(task, sem, weight, opts, owner, call, slot)
-    finally:
-        slot.done()
-
-
 def _acquire_and_run(
     task: Any,
     sem: Semaphore,
@@ -287,8 +398,10 @@ def _acquire_and_run(
     opts: config.ResolvedOptions,
     owner: dict[str, Any],
     call: Callable[[], _T],
-    slot: _SlotWatch,
 ) -> _T:
+    """A task that did not come through the gate acquires in its worker slot: granted at
+    once, or near the head of the line (``standby``) it waits in the slot up to
+    ``wait_timeout``, else it parks."""
     request = task.request
     state = WaitState.from_request(request)
     redelivered = bool((request.delivery_info or {}).get("redelivered"))
@@ -304,34 +417,21 @@ def _acquire_and_run(
     ticket = f"{request.id}:{request.retries or 0}"
     # One claim per execution: a grant is only ever returned again to this execution (a call
     # re-sent by redis-py), never to another delivery of the same message.
-    claim = uuid.uuid4().hex
-    common: dict[str, Any] = {
-        "weight": weight,
-        "owner": owner,
-        "claim": claim,
-        "epoch": state.epoch,
-        "check_done": state.epoch > 0 or state.takeover,
-        "lease_ttl": opts.lease_ttl,
-    }
+    common = _common(weight, owner, uuid.uuid4().hex, state, opts)
     try:
         attempt = sem.try_acquire(ticket, place_ttl=opts.wait_timeout + PLACE_SLACK, **common)
         standby = opts.standby if opts.standby is not None else sem.limit
-        near_head = (attempt.position or 0) < standby
-        waiting = attempt.status is AttemptStatus.WAITING and opts.wait_timeout > 0
-        visible = waiting and slot.visible()  # only looked at when there is a wait
-        if waiting and (near_head or (visible and not slot.wanted())):
-            # Wait in the worker slot: near the head of the line for up to wait_timeout, and
-            # beyond that for as long as no other task of this worker wants the slot (threads
-            # and solo pools, where this process can see the worker's received tasks).
-            # keep_place: when the wait ends without a grant, the place stays for _park.
+        if (
+            attempt.status is AttemptStatus.WAITING
+            and opts.wait_timeout > 0
+            and (attempt.position or 0) < standby
+        ):
+            # keep_place: when the wait ends without a grant, the place stays for _park
             attempt = sem.wait(
                 ticket,
-                timeout=max(opts.wait_timeout, IDLE_SLOT_WAIT) if visible else opts.wait_timeout,
+                timeout=opts.wait_timeout,
                 place_ttl=IN_SLOT_PLACE_TTL,  # refreshed every poll while it waits
                 keep_place=PLACE_SLACK,
-                give_up=slot.give_up_after(opts.wait_timeout if near_head else 0.0)
-                if visible
-                else None,
                 **common,
             )
     except SemaphoreBackendError as exc:
@@ -362,76 +462,6 @@ def _acquire_and_run(
         if attempt.permit is not None:
             return _hold(task, sem, attempt.permit, opts, state, call)
     return _drop_duplicate(task, sem, attempt)
-
-
-class _SlotWatch:
-    """Is another task of this worker waiting for the slot a waiting task occupies?
-
-    Only knowable where the task runs in the worker's main process (threads and solo pools):
-    there, Celery's worker state lists the requests received but not started.  New requests
-    of the same semaphore do not count (they would only wait too, behind us); the wake
-    copies of parked ones do."""
-
-    #: waiters of this process that decided to give their slot up and have not left it yet:
-    #: one waiter yields per task that needs a slot, not every waiter at once
-    _yielding = 0
-    _lock = threading.Lock()
-
-    def __init__(self, task_id: str, name: str) -> None:
-        self.task_id, self.name = task_id, name
-        self.yielding = False
-
-    def give_up_after(self, grace: float) -> Callable[[], bool]:
-        """A ``give_up`` for :meth:`Semaphore.wait`: after ``grace`` seconds, as soon as a
-        task of this worker needs a slot that no other waiter is already freeing."""
-        start = clock.monotonic()
-        return lambda: clock.monotonic() - start >= grace and self.claim_yield()
-
-    def claim_yield(self) -> bool:
-        needing = self.needing()
-        with _SlotWatch._lock:
-            if needing > _SlotWatch._yielding:
-                _SlotWatch._yielding += 1
-                self.yielding = True
-                return True
-        return False
-
-    def done(self) -> None:
-        """The task leaves its slot (parked, or ran): its yield, if any, is complete."""
-        if self.yielding:
-            with _SlotWatch._lock:
-                _SlotWatch._yielding -= 1
-            self.yielding = False
-
-    def visible(self) -> bool:
-        try:
-            from celery.worker import state
-        except ImportError:  # pragma: no cover
-            return False
-        return any(r.id == self.task_id for r in list(state.active_requests))
-
-    def wanted(self) -> bool:
-        return self.needing() > 0
-
-    def needing(self) -> int:
-        """How many received-but-not-started tasks of this worker need a slot."""
-        from celery.worker import state
-
-        from .decorators import spec_of
-
-        active = {r.id for r in list(state.active_requests)}
-        count = 0
-        for req in list(state.reserved_requests):
-            if req.id in active:
-                continue
-            spec = spec_of(getattr(req, "task", None))
-            # The wake copy of a parked task of this semaphore (the free units are reserved for
-            # it) needs the slot too; a copy back on its countdown only would wait again.
-            header = (getattr(req, "request_dict", None) or {}).get(HEADER)
-            woken = isinstance(header, Mapping) and bool(header.get("w"))
-            if spec is None or spec.name != self.name or woken:
-                count += 1
-        return count
 
 
 def _reclaim_from_dead_process(sem: Semaphore, token: str) -> bool:
@@ -503,7 +533,9 @@ def _park(
     retries = request.retries or 0
     epoch = state.epoch + 1
     later = WaitState(epoch, state.waits + 1, first, state.takeover)
-    headers = {k: v for k, v in dict(request.headers or {}).items() if k != HEADER}
+    headers = {
+        k: v for k, v in dict(request.headers or {}).items() if k not in (HEADER, GATE_HEADER)
+    }
     sig = task.signature_from_request(request, headers={**headers, HEADER: later.header(retries)})
     if registered:
         # the wake copy says so: units are reserved for it, so it needs a worker slot now

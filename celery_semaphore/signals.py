@@ -1,7 +1,8 @@
 """Worker wiring: validate settings at start, and release in the parent what a dead child held.
 
 * ``worker_init`` (main process, every pool): validate every ``semaphore_*`` setting; an invalid
-  one stops the worker with a message naming the setting.
+  one stops the worker with a message naming the setting.  Then install the gate
+  (:mod:`celery_semaphore.gate`) when the app has limited tasks.
 * ``task_failure`` and ``task_revoked`` in the process that did *not* run the body (the prefork
   parent, after a hard time limit, a SIGKILL or OOM of the child, or a terminate): release the
   dead execution's permit at once, found by its token (``<task id>:<retries>``), instead of
@@ -48,6 +49,10 @@ def _on_worker_init(sender: Any = None, **_: Any) -> None:
     except (TypeError, ValueError) as exc:
         log.critical("celery-semaphore: invalid configuration: %s", exc)
         raise SystemExit(f"celery-semaphore: invalid configuration: {exc}") from exc
+    if limited and app.conf.get("semaphore_enabled", True):
+        from .gate import install
+
+        install(app)
 
 
 def _release_dead(task: Any, task_id: str | None, request: Any, why: str) -> None:

@@ -1,4 +1,6 @@
-"""@limited and LimitedTask on two real prefork nodes (2 children each), Redis broker.
+"""@limited and LimitedTask on two real prefork nodes (3 children each), Redis broker; once
+with the worker-side gate (the default) and once without it (``semaphore_worker_hold = 0``:
+tasks acquire in their slot and park when they must wait).
 
 The nodes are shared by the tests of this module; each test ends with no holder left and
 resets the bookkeeping.  Concurrency is counted by an independent counter in the task bodies
@@ -24,9 +26,12 @@ from .workers import Env, Worker, start_worker, wait_until
 pytestmark = pytest.mark.timeout(120)
 
 
-@pytest.fixture(scope="module")
-def cluster(redis_server: RedisServer) -> Iterator[tuple[Env, list[Worker]]]:
-    env = Env(redis_url=redis_server.url(0), broker_url=redis_server.url(0), limit=2)
+@pytest.fixture(scope="module", params=["gate", "no-gate"])
+def cluster(
+    request: pytest.FixtureRequest, redis_server: RedisServer
+) -> Iterator[tuple[Env, list[Worker]]]:
+    extra = {} if request.param == "gate" else {"semaphore_worker_hold": 0}
+    env = Env(redis_url=redis_server.url(0), broker_url=redis_server.url(0), limit=2, extra=extra)
     nodes = [start_worker(env, concurrency=3, name="a"), start_worker(env, concurrency=3, name="b")]
     try:
         yield env, nodes
@@ -184,14 +189,21 @@ def test_revoke_terminate_releases(env: Env) -> None:
     wait_until(lambda: not _held_by(env, result.id), 5, what="released after terminate")
 
 
-def test_owner_metadata_names_task_host_and_pid(env: Env) -> None:
+def test_owner_metadata_names_task_host_and_pid(
+    env: Env, cluster: tuple[Env, list[Worker]]
+) -> None:
+    """With the gate, the permit is granted in the node's main process: the owner names the
+    node and that process (the one that releases for a child that dies); without it, the
+    child that runs the body."""
     app = env.client_app()
     result = app.send_task(proj.sleeper.name, ("meta", 2))
     pid_key = f"{env.prefix}:pid:meta"
     wait_until(lambda: env.redis().exists(pid_key), 20, what="sleeper's body started")
     (holder,) = [h for h in holders(env) if h.owner.get("task_id") == result.id]
     assert holder.owner["task"] == proj.sleeper.name
-    assert holder.owner["host"].endswith("@localhost")
-    pid = int(env.redis().get(pid_key) or 0)
-    assert holder.owner["pid"] == pid
+    (node,) = [n for n in cluster[1] if n.name == holder.owner["host"]]
+    child = int(env.redis().get(pid_key) or 0)
+    assert child in node.child_pids()  # the body ran in a child of that node
+    gated = env.extra.get("semaphore_worker_hold") != 0
+    assert holder.owner["pid"] == (node.process.pid if gated else child)
     result.get(timeout=30)

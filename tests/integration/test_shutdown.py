@@ -99,11 +99,8 @@ def test_cold_shutdown_releases_a_running_task(env: Env, pool: str) -> None:
         app = env.client_app()
         result = app.send_task(proj.sleeper.name, ("cold", 60))
         sem = semaphore(env)
-        wait_until(
-            lambda: any(h.owner.get("task_id") == result.id for h in sem.holders()),
-            20,
-            what="the long task holds a permit",
-        )
+        wait_until(lambda: ran(env) == ["cold"], 20, what="the long task's body runs")
+        assert any(h.owner.get("task_id") == result.id for h in sem.holders())
         assert holders(env)[0].lease_remaining > 30  # lease 60 s: only a release frees it now
         quit_at = time.monotonic()
         _exit(node, signal.SIGQUIT, 20)

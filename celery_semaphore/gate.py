@@ -1,0 +1,588 @@
+"""The worker-side gate: a limited task waits for its permit in the consumer, not in a pool slot.
+
+Celery hands every task the worker receives to ``Consumer.on_task_request``, which sends it to
+the pool.  The gate, a consumer bootstep installed at ``worker_init`` when the app has limited
+tasks and ``semaphore_worker_hold`` is above 0, wraps that call for limited tasks:
+
+* the task is tried at once, in one script: if granted, it goes to the pool with its grant in
+  the request (``semaphore_gate``), and the body starts without another round trip;
+* otherwise the request is **held** in the consumer: unacknowledged, like an ETA task, and off
+  the pool, so the slot stays free for other work; the consumer's prefetch window grows by one
+  for each held task, so other messages keep flowing.  Its place in the semaphore's FIFO line
+  names this node's wake list; the release that frees units for it pushes its ticket there
+  (or, in this very process, calls :meth:`Gate.wake`), and the gate claims the grant and hands
+  the request to the pool.
+
+A timeline of a task that waits, then runs (``T`` arrives while the limit is taken)::
+
+    consumer   T received ──► try_acquire("T-id:0") → WAITING, position 2 ──► held (no slot)
+    any worker a holder's body ends ──► release names T ──► LPUSH T onto T's node wake list
+    gate thread BLPOP returns T ──► try_acquire → GRANTED ──► hub.call_soon(dispatch T)
+    consumer   T goes to the pool with its grant ──► the body runs, releases in ``finally``
+
+The gate's thread also keeps held places alive, repairs lost wake-ups, refreshes the leases of
+grants the pool has not started yet, drops held tasks that get revoked, fails those past
+``semaphore_max_wait`` with ``SemaphoreTimeout``, and hands those held too long (longer than
+:data:`MAX_HOLD`, or half the Redis broker's ``visibility_timeout``) to the pool to park, so the
+broker never redelivers a message the gate still holds.
+
+When the gate is not installed (``semaphore_worker_hold = 0``, pools without an event loop such
+as gevent, or a task sent to a worker without it), the task body's wrapper acquires by itself
+(see :mod:`celery_semaphore.runtime`).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from celery import bootsteps
+from celery.exceptions import WorkerLostError
+
+from . import clock, config
+from .exceptions import SemaphoreError
+from .keys import node_wake_key
+from .runtime import (
+    GATE_HEADER,
+    HEADER,
+    WaitState,
+    gate_nonce,
+    register_gate,
+    semaphore_for,
+    unregister_gate,
+)
+from .semaphore import AttemptStatus, Semaphore
+from .spec import LimitSpec
+
+__all__ = ["MAX_HOLD", "Gate", "GateStep", "install"]
+
+log = logging.getLogger("celery_semaphore.gate")
+
+#: seconds a held task's place lives without a refresh (refreshed every third of it)
+HELD_PLACE_TTL = 60.0
+#: the longest a task is held before it is parked (re-published with a countdown); kept below
+#: RabbitMQ's default consumer_timeout (30 min), and below half the Redis visibility_timeout
+MAX_HOLD = 900.0
+#: seconds between the gate thread's maintenance passes
+TICK = 1.0
+#: a held task is named in wake-ups at most once per this many seconds
+WAKE_GRACE = 1.0
+#: the most wake-ups taken from the wake list in one go
+WAKE_BATCH = 64
+
+
+@dataclass(eq=False)
+class _Entry:
+    """A limited request the gate holds (waiting) or has dispatched with a grant."""
+
+    req: Any  # celery.worker.request.Request
+    spec: LimitSpec
+    sem: Semaphore
+    opts: config.ResolvedOptions
+    ticket: str
+    claim: str
+    state: WaitState
+    owner: dict[str, Any]
+    since: float = field(default_factory=clock.monotonic)
+    refreshed: float = field(default_factory=clock.monotonic)
+    #: counted in the consumer's prefetch window (released when the entry leaves)
+    counted: bool = False
+    #: a thread is talking to Redis for this entry; others leave it alone
+    busy: bool = False
+    #: a wake-up came while busy: try again once the current attempt is done
+    again: bool = False
+    #: the grant, once made: (fencing token, lease expiry in server seconds)
+    grant: tuple[int, float] | None = None
+    granted_at: float = 0.0
+
+
+class Gate:
+    """Holds the limited requests of one consumer that are waiting for a permit."""
+
+    def __init__(self, consumer: Any, dispatch: Callable[[Any], Any], hold: int) -> None:
+        self.consumer = consumer
+        self.app = consumer.app
+        self._dispatch_to_pool = dispatch
+        self.hold = hold
+        self.pid = os.getpid()
+        self.nonce = gate_nonce()
+        self.key = node_wake_key(
+            self.app.conf.get("semaphore_key_prefix", "celery_semaphore"),
+            consumer.hostname,
+            self.nonce,
+        )
+        self._lock = threading.Lock()
+        self._held: dict[str, _Entry] = {}  # ticket -> waiting entry
+        self._pending: dict[str, _Entry] = {}  # ticket -> dispatched, not started yet
+        self._counted = 0
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._specs: dict[str, LimitSpec | None] = {}
+        self._vt = config.visibility_timeout(self.app.conf)
+        #: the pool takes work from any thread (the threads pool's executor is thread-safe),
+        #: and nothing else (an autoscaler's semaphore) sits between it and the consumer
+        self._direct = _thread_safe_pool(consumer) and getattr(dispatch, "__name__", "") == (
+            "_process_task"
+        )
+
+    # -- lifecycle ------------------------------------------------------------------------
+
+    def start(self) -> None:
+        self._stop.clear()
+        register_gate(self.key, self)
+        self._thread = threading.Thread(target=self._run, name="celery-semaphore-gate", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop holding: the held messages were never acknowledged, so the broker delivers
+        them again (to this worker after a reconnect, or to another); their places go.
+        Grants already handed to the pool are left alone (their bodies may be starting, and
+        release them themselves); one the pool never starts comes back with its lease."""
+        self._stop.set()
+        unregister_gate(self.key)
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+            self._thread = None
+        with self._lock:
+            held = list(self._held.values())
+            self._held.clear()
+            self._counted = 0
+        for entry in held:
+            try:
+                entry.sem.withdraw(entry.ticket)
+            except SemaphoreError as exc:
+                log.debug("semaphore %r: withdraw at stop failed: %s", entry.sem.name, exc)
+
+    # -- the consumer's side (hub thread) ---------------------------------------------------
+
+    def on_task_request(self, req: Any) -> Any:
+        """Replaces ``Consumer.on_task_request``: limited tasks pass through the gate."""
+        spec = self._spec(req)
+        # A grant travels only from this gate to its pool: never trust one a message brought.
+        req.request_dict.pop(GATE_HEADER, None)
+        if spec is None or not self.app.conf.get("semaphore_enabled", True):
+            return self._dispatch_to_pool(req)
+        try:
+            entry = self._entry(req, spec)
+        except (SemaphoreError, ValueError, TypeError) as exc:
+            log.warning(
+                "task %s[%s]: not gated (%s); it acquires in its slot", req.name, req.id, exc
+            )
+            return self._dispatch_to_pool(req)
+        with self._lock:
+            if entry.ticket in self._held or entry.ticket in self._pending:
+                # another delivery of the same execution is already here: the body's wrapper
+                # sorts the copies out (it refuses to run two at once)
+                return self._dispatch_to_pool(req)
+            self._held[entry.ticket] = entry
+            entry.busy = True
+        self._attempt(entry, first=True)
+        return None
+
+    def _spec(self, req: Any) -> LimitSpec | None:
+        from .decorators import spec_of
+
+        name = req.task.name
+        if name not in self._specs:
+            self._specs[name] = spec_of(req.task)
+        return self._specs[name]
+
+    def _entry(self, req: Any, spec: LimitSpec) -> _Entry:
+        conf = self.app.conf
+        opts = config.resolve(conf, spec.options)
+        limit = config.semaphore_limit(conf, spec.name, spec.limit)
+        sem = semaphore_for(self.app, spec.name, limit, opts.lease_ttl)
+        headers = req.request_dict
+        retries = int(headers.get("retries") or 0)
+        state = WaitState.from_headers(headers.get(HEADER), retries)
+        redelivered = bool((req.delivery_info or {}).get("redelivered"))
+        state = WaitState(
+            state.epoch,
+            state.waits,
+            state.first_wait or time.time(),
+            takeover=state.takeover or redelivered,
+        )
+        owner = {
+            "task_id": req.id,
+            "task": req.name,
+            "host": self.consumer.hostname,
+            "pid": self.pid,
+            "machine": socket.gethostname(),
+        }
+        return _Entry(req, spec, sem, opts, f"{req.id}:{retries}", uuid.uuid4().hex, state, owner)
+
+    # -- trying for a permit (any thread) ---------------------------------------------------
+
+    def wake(self, ticket: str) -> None:
+        """Units were freed for ``ticket``: claim them (called by a releaser of this process,
+        or by the gate thread for wake-ups that came through Redis)."""
+        with self._lock:
+            entry = self._held.get(ticket)
+            if entry is None:
+                return
+            if entry.busy:
+                entry.again = True
+                return
+            entry.busy = True
+        self._attempt(entry)
+
+    def _attempt(self, entry: _Entry, *, first: bool = False) -> None:
+        """One try_acquire for a held entry (the caller set ``entry.busy``)."""
+        while True:
+            status = self._try(entry)
+            with self._lock:
+                if status is None and entry.again:
+                    entry.again = False
+                    continue
+                entry.busy = False
+                if status is None:  # still waiting
+                    if first and not entry.counted and self._counted < self.hold:
+                        entry.counted = True
+                        self._counted += 1
+                        self.consumer.qos.increment_eventually()
+                        self._unreserve(entry.req)
+                    return
+                self._held.pop(entry.ticket, None)
+                if entry.counted:
+                    entry.counted = False
+                    self._counted -= 1
+                    self.consumer.qos.decrement_eventually()
+                if status == "granted":
+                    self._pending[entry.ticket] = entry
+            self._hand_over(entry, status, first)
+            return
+
+    def _try(self, entry: _Entry) -> str | None:
+        """None while waiting; else what to do with the request: ``granted`` (run it with the
+        grant) or ``slot`` (let the body's wrapper acquire: a redelivered copy whose previous
+        delivery holds the permit, a duplicate, or Redis failing at the first try)."""
+        state = entry.state
+        try:
+            attempt = entry.sem.try_acquire(
+                entry.ticket,
+                weight=entry.spec.weight,
+                owner=entry.owner,
+                place_ttl=HELD_PLACE_TTL,
+                claim=entry.claim,
+                wake_data="@" + self.key,
+                wake_grace=WAKE_GRACE,
+                epoch=state.epoch,
+                check_done=state.epoch > 0 or state.takeover,
+                lease_ttl=entry.opts.lease_ttl,
+            )
+        except SemaphoreError as exc:
+            # Fail closed: keep holding (a held task never runs without a permit), try again
+            # at the next tick.  A task Redis fails for on arrival goes to its slot instead,
+            # where the wrapper parks it, so a Redis outage does not fill the consumer.
+            log.warning(
+                "task %s[%s]: semaphore %r unavailable (%s); %s",
+                entry.req.name,
+                entry.req.id,
+                entry.sem.name,
+                exc,
+                "it waits" if entry.counted else "it goes to its slot to park",
+            )
+            return None if entry.counted else "slot"
+        except ValueError as exc:  # e.g. a weight above a lowered runtime limit
+            log.error("task %s[%s]: %s", entry.req.name, entry.req.id, exc)
+            return "slot"
+        entry.refreshed = clock.monotonic()
+        if attempt.permit is not None:
+            entry.grant = (attempt.permit.fencing_token, attempt.permit.lease_expires_at)
+            entry.granted_at = clock.monotonic()
+            return "granted"
+        if attempt.status is AttemptStatus.WAITING:
+            return None
+        return "slot"
+
+    def _unreserve(self, req: Any) -> None:
+        # A held request is not waiting for a pool slot: keep it out of reserved_requests,
+        # which worker_disable_prefetch counts against the pool size.
+        from celery.worker import state
+
+        state.reserved_requests.discard(req)
+
+    def _hand_over(self, entry: _Entry, status: str, first: bool) -> None:
+        """Send the request to the pool, from the hub thread."""
+        directive: dict[str, Any] | None = None
+        if status == "granted" and entry.grant is not None:
+            directive = self._directive(entry, "run")
+            directive.update(f=entry.grant[0], x=entry.grant[1])
+            if not first:
+                log.info(
+                    "task %s[%s]: semaphore %r granted after %.3fs held; to the pool",
+                    entry.req.name,
+                    entry.req.id,
+                    entry.sem.name,
+                    clock.monotonic() - entry.since,
+                )
+        if first or (self._direct and not _maybe_revoked(entry.req)):
+            # on the hub thread already, or a pool any thread may submit to (threads): one
+            # thread hop less between the release and the next body
+            self._dispatch(entry, directive)
+        else:
+            self.consumer.call_soon(self._dispatch, entry, directive)
+
+    def _directive(self, entry: _Entry, do: str, **extra: Any) -> dict[str, Any]:
+        return {"n": self.nonce, "t": entry.ticket, "c": entry.claim, "do": do, **extra}
+
+    def _dispatch(self, entry: _Entry, directive: dict[str, Any] | None) -> None:
+        req = entry.req
+        if directive is not None and directive["do"] == "run" and req.revoked():
+            # revoked while it waited: revoked() acknowledged it; give the permit back
+            self._forget_pending(entry)
+            self._release(entry, "it was revoked before it started")
+            return
+        if directive is not None:
+            req.request_dict[GATE_HEADER] = directive
+            if directive["do"] == "run":
+                self._watch_failure(entry)
+        from celery.worker import state
+
+        state.task_reserved(req)
+        try:
+            self._dispatch_to_pool(req)
+        except Exception:
+            self._forget_pending(entry)
+            if directive is not None and directive["do"] == "run":
+                self._release(entry, "the pool refused it")
+            raise
+
+    def _watch_failure(self, entry: _Entry) -> None:
+        """Release in this process when the pool loses the process that ran the body (SIGKILL,
+        OOM; also with ``reject_on_worker_lost``, where Celery sends no ``task_failure``)."""
+        req = entry.req
+        original = req.on_failure
+
+        def on_failure(exc_info: Any, *args: Any, **kwargs: Any) -> Any:
+            try:
+                return original(exc_info, *args, **kwargs)
+            finally:
+                exc = getattr(exc_info, "exception", None)
+                exc = getattr(exc, "exc", exc)  # billiard's ExceptionWithTraceback wraps it
+                if isinstance(exc, WorkerLostError):
+                    # no tombstone: a redelivery (reject_on_worker_lost) must run, not drop
+                    self._release(entry, "the process running it was lost", tombstone_ttl=0)
+
+        req.on_failure = on_failure
+
+    def _release(self, entry: _Entry, why: str, tombstone_ttl: float | None = None) -> None:
+        try:
+            released = entry.sem.release_token(
+                entry.ticket, claim=entry.claim, tombstone_ttl=tombstone_ttl
+            )
+        except SemaphoreError as exc:
+            log.error(
+                "semaphore %r: could not release task %s[%s] after %s: %s; it comes back "
+                "when its lease expires",
+                entry.sem.name,
+                entry.req.name,
+                entry.req.id,
+                why,
+                exc,
+            )
+            return
+        if released:
+            log.warning(
+                "semaphore %r: released the permit of task %s[%s]: %s",
+                entry.sem.name,
+                entry.req.name,
+                entry.req.id,
+                why,
+            )
+
+    def _forget_pending(self, entry: _Entry) -> None:
+        with self._lock:
+            if self._pending.get(entry.ticket) is entry:
+                del self._pending[entry.ticket]
+
+    # -- the gate thread ----------------------------------------------------------------------
+
+    def _run(self) -> None:
+        next_tick = clock.monotonic() + TICK
+        client: Any = None
+        while not self._stop.is_set():
+            try:
+                if client is None:
+                    client = self._client()
+                wait = max(0.05, min(TICK, next_tick - clock.monotonic()))
+                tickets = self._take_wakes(client, wait)
+                for ticket in tickets:
+                    self.wake(ticket)
+                if clock.monotonic() >= next_tick:
+                    self._tick()
+                    next_tick = clock.monotonic() + TICK
+            except Exception as exc:  # never let the gate die: held tasks depend on it
+                log.warning("gate: %s: %s; carrying on", type(exc).__name__, exc)
+                client = None
+                self._stop.wait(0.5)
+
+    def _client(self) -> Any:
+        from .runtime import client_for
+
+        return client_for(config.redis_url_for(self.app.conf))
+
+    def _take_wakes(self, client: Any, wait: float) -> list[str]:
+        found = client.blpop([self.key], timeout=wait)
+        if found is None:
+            return []
+        tickets = [found[1]]
+        more = client.lpop(self.key, WAKE_BATCH)
+        if more:
+            tickets.extend(more)
+        return [t.decode() if isinstance(t, bytes) else str(t) for t in tickets]
+
+    def _tick(self) -> None:
+        now = clock.monotonic()
+        with self._lock:
+            held = [e for e in self._held.values() if not e.busy]
+            pending = list(self._pending.values())
+        for entry in held:
+            self._maintain(entry, now)
+        for entry in pending:
+            self._maintain_pending(entry, now)
+
+    def _maintain(self, entry: _Entry, now: float) -> None:
+        req = entry.req
+        waited = time.time() - (entry.state.first_wait or time.time())
+        max_wait = entry.opts.max_wait
+        if req.id in _revoked() or (req.expires and _expired(req)):
+            self._leave(entry, None, "revoked")
+        elif max_wait is not None and waited >= max_wait:
+            self._leave(entry, self._directive(entry, "timeout", w=waited), "timed out")
+        elif now - entry.since >= self._max_hold():
+            self._leave(entry, self._directive(entry, "park"), "held too long")
+        elif now - entry.refreshed >= HELD_PLACE_TTL / 3 or not entry.counted:
+            # keep the place alive (and claim units whose wake-up was lost); an uncounted
+            # entry (over semaphore_worker_hold, or Redis failed) retries every tick
+            with self._lock:
+                if entry.busy or self._held.get(entry.ticket) is not entry:
+                    return
+                entry.busy = True
+            self._attempt(entry)
+
+    def _leave(self, entry: _Entry, directive: dict[str, Any] | None, why: str) -> None:
+        """Stop holding ``entry``: drop it (revoked) or send it to the pool with a directive
+        (``timeout``: fail with SemaphoreTimeout; ``park``: re-publish with a countdown)."""
+        with self._lock:
+            if entry.busy or self._held.get(entry.ticket) is not entry:
+                return
+            del self._held[entry.ticket]
+            if entry.counted:
+                entry.counted = False
+                self._counted -= 1
+                self.consumer.qos.decrement_eventually()
+        if directive is None or directive["do"] == "timeout":
+            try:
+                entry.sem.withdraw(entry.ticket)
+            except SemaphoreError as exc:
+                log.warning("semaphore %r: withdraw failed: %s", entry.sem.name, exc)
+        log.info(
+            "task %s[%s]: semaphore %r: %s after %.1fs held",
+            entry.req.name,
+            entry.req.id,
+            entry.sem.name,
+            why,
+            clock.monotonic() - entry.since,
+        )
+        if directive is None:
+            self.consumer.call_soon(entry.req.revoked)
+        else:
+            self.consumer.call_soon(self._dispatch, entry, directive)
+
+    def _maintain_pending(self, entry: _Entry, now: float) -> None:
+        """A grant the pool has not started yet: keep its lease alive until the body's own
+        heartbeat takes over; forget it once started (or gone)."""
+        from celery.worker import state
+
+        req = entry.req
+        if req.time_start is not None or req.id not in state.requests:
+            self._forget_pending(entry)
+            return
+        if now - entry.granted_at >= entry.opts.heartbeat_interval:
+            entry.granted_at = now
+            try:
+                entry.sem.refresh_token(entry.ticket, holder_only=True)
+            except SemaphoreError as exc:
+                log.warning(
+                    "semaphore %r: refresh of a pending grant failed: %s", entry.sem.name, exc
+                )
+
+    def _max_hold(self) -> float:
+        return MAX_HOLD if self._vt is None else min(MAX_HOLD, self._vt / 2)
+
+    # -- inspection ---------------------------------------------------------------------------
+
+    def held(self) -> list[str]:
+        """Tickets held right now (for tests and inspection)."""
+        with self._lock:
+            return list(self._held)
+
+
+def _thread_safe_pool(consumer: Any) -> bool:
+    from celery.concurrency.thread import TaskPool
+
+    return isinstance(getattr(consumer, "pool", None), TaskPool)
+
+
+def _maybe_revoked(req: Any) -> bool:
+    """Might ``req.revoked()`` act (acknowledge, announce)?  Then it must run on the hub."""
+    return bool(req.expires) or req.id in _revoked()
+
+
+def _revoked() -> Any:
+    from celery.worker.state import revoked
+
+    return revoked
+
+
+def _expired(req: Any) -> bool:
+    from datetime import datetime, timezone
+
+    expires = req.expires
+    return bool(expires is not None and expires <= datetime.now(timezone.utc))
+
+
+class GateStep(bootsteps.StartStopStep):  # type: ignore[misc]
+    """Consumer bootstep wrapping ``on_task_request`` with a :class:`Gate`."""
+
+    label = "celery-semaphore gate"
+    requires = ("celery.worker.consumer.tasks:Tasks",)
+
+    def __init__(self, c: Any, **kwargs: Any) -> None:
+        super().__init__(c, **kwargs)
+        self.gate: Gate | None = None
+        hold = config.APP_SETTINGS["semaphore_worker_hold"][0]
+        hold = int(c.app.conf.get("semaphore_worker_hold", hold))
+        if getattr(c, "hub", None) is None or hold <= 0:
+            return  # no event loop to hand requests back on (e.g. gevent): no gate
+        self.gate = Gate(c, c.on_task_request, hold)
+        c.on_task_request = self.gate.on_task_request
+
+    def start(self, c: Any) -> None:
+        if self.gate is not None:
+            self.gate.start()
+
+    def stop(self, c: Any) -> None:
+        if self.gate is not None:
+            self.gate.stop()
+
+    def terminate(self, c: Any) -> None:
+        self.stop(c)
+
+    def shutdown(self, c: Any) -> None:
+        self.stop(c)
+
+
+def install(app: Any) -> None:
+    """Add the gate to ``app``'s consumer (idempotent); called at ``worker_init``."""
+    steps = app.steps["consumer"]
+    if GateStep not in steps:
+        steps.add(GateStep)

@@ -1,0 +1,114 @@
+"""The worker-side gate: waiting limited tasks wait in the consumer, not in pool slots.
+
+A limited task that cannot get a permit is held by its worker's consumer (unacknowledged, off
+the pool) until the release that frees a unit for it wakes the gate, which then hands it to the
+pool with its grant.  So waiting tasks never take slots that other work needs, never park while
+held, and still run in FIFO order the moment units free up.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from celery_semaphore.testing import RedisServer
+from tests.conftest import delete_prefix
+
+from . import proj
+from .helpers import holders, max_inside, ran, semaphore, started
+from .workers import Env, Worker, start_worker, wait_until
+
+pytestmark = pytest.mark.timeout(120)
+
+
+@pytest.fixture(params=["threads", "prefork"])
+def node(request: pytest.FixtureRequest, redis_server: RedisServer) -> Iterator[tuple[Env, Worker]]:
+    env = Env(redis_url=redis_server.url(0), broker_url=redis_server.url(0), limit=1)
+    worker = start_worker(env, pool=request.param, concurrency=2)
+    try:
+        yield env, worker
+    finally:
+        worker.stop()
+        client = redis_server.client(0)
+        delete_prefix(client, env.prefix)
+        client.delete(env.queue)
+        client.close()
+
+
+def _active(env: Env, worker: Worker) -> list[str]:
+    """Task names the worker's pool is running now (Celery's own view, not ours)."""
+    app = env.client_app()
+    try:
+        replies = app.control.inspect(destination=[worker.name], timeout=2).active() or {}
+    finally:
+        app.close()
+    return [t["name"] for t in replies.get(worker.name, [])]
+
+
+def test_waiting_tasks_are_held_off_the_pool(node: tuple[Env, Worker]) -> None:
+    env, worker = node
+    app = env.client_app()
+    sem = semaphore(env)
+    held = sem.acquire(blocking=False)  # the only unit: every limited task must wait
+    assert held is not None
+    try:
+        tags = [f"h{i}" for i in range(6)]
+        results = []
+        for n, tag in enumerate(tags, 1):  # one at a time: the line's order is the send order
+            results.append(app.send_task(proj.work.name, (tag, 0.05)))
+            wait_until(lambda n=n: len(sem.waiters()) == n, 20, what=f"{tag} waits")
+        # six tasks wait on a worker with two slots: none of them is in the pool ...
+        assert not any(name == proj.work.name for name in _active(env, worker))
+        # ... so other work runs at once
+        began = time.monotonic()
+        assert app.send_task(proj.unlimited.name, ("u", 0.05)).get(timeout=20) == "u"
+        assert time.monotonic() - began < 5
+        assert ran(env) == []  # no limited body ran without the unit
+        assert [w.owner.get("host") for w in sem.waiters()] == [worker.name] * len(tags)
+    finally:
+        held.release()
+    assert [r.get(timeout=30) for r in results] == tags
+    assert started(env) == tags  # FIFO: in the order they arrived
+    assert max_inside(env) == 1
+    wait_until(lambda: not holders(env) and not sem.waiters(), 10, what="nothing left")
+    assert "parked for" not in worker.log()  # held, never re-published
+
+
+def test_release_hands_the_unit_to_a_held_task_at_once(node: tuple[Env, Worker]) -> None:
+    """``parks_long`` would park for 30 s without the gate: held, it runs right after the
+    release."""
+    env, worker = node
+    sem = semaphore(env)
+    held = sem.acquire(blocking=False)
+    assert held is not None
+    result = env.client_app().send_task(proj.parks_long.name, ("p", 0.05))
+    try:
+        wait_until(lambda: len(sem.waiters()) == 1, 20, what="p waits")
+    finally:
+        released_at = time.monotonic()
+        held.release()
+    assert result.get(timeout=20) == "p"
+    assert time.monotonic() - released_at < 3
+    assert "parked for" not in worker.log()
+
+
+def test_revoked_while_held_never_runs_and_leaves_nothing(node: tuple[Env, Worker]) -> None:
+    env, _ = node
+    app = env.client_app()
+    sem = semaphore(env)
+    held = sem.acquire(blocking=False)
+    assert held is not None
+    try:
+        victim = app.send_task(proj.work.name, ("victim", 0.05))
+        keeper = app.send_task(proj.work.name, ("keeper", 0.05))
+        wait_until(lambda: len(sem.waiters()) == 2, 20, what="both wait")
+        app.control.revoke(victim.id)
+        wait_until(lambda: len(sem.waiters()) == 1, 10, what="the revoked task left the line")
+    finally:
+        held.release()
+    assert keeper.get(timeout=20) == "keeper"
+    assert ran(env) == ["keeper"]
+    assert victim.state == "REVOKED"
+    wait_until(lambda: not holders(env) and not sem.waiters(), 10, what="nothing left")
