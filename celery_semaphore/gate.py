@@ -26,9 +26,9 @@ grants the pool has not started yet, drops held tasks that get revoked, fails th
 :data:`MAX_HOLD`, or half the Redis broker's ``visibility_timeout``) to the pool to park, so the
 broker never redelivers a message the gate still holds.
 
-When the gate is not installed (``semaphore_worker_hold = 0``, pools without an event loop such
-as gevent, or a task sent to a worker without it), the task body's wrapper acquires by itself
-(see :mod:`celery_semaphore.runtime`).
+When the gate is not installed (``semaphore_worker_hold = 0``, or a broker transport without an
+event loop on a non-green pool), the task body's wrapper acquires by itself (see
+:mod:`celery_semaphore.runtime`).
 """
 
 from __future__ import annotations
@@ -98,6 +98,8 @@ class _Entry:
     busy: bool = False
     #: a wake-up came while busy: try again once the current attempt is done
     again: bool = False
+    #: place in line at the last attempt (0 = head)
+    position: int | None = None
     #: the grant, once made: (fencing token, lease expiry in server seconds)
     grant: tuple[int, float] | None = None
     granted_at: float = 0.0
@@ -128,7 +130,7 @@ class Gate:
         self._vt = config.visibility_timeout(self.app.conf)
         #: the pool takes work from any thread (the threads pool's executor is thread-safe),
         #: and nothing else (an autoscaler's semaphore) sits between it and the consumer
-        self._direct = _thread_safe_pool(consumer) and getattr(dispatch, "__name__", "") == (
+        self._direct = _submit_anywhere(consumer) and getattr(dispatch, "__name__", "") == (
             "_process_task"
         )
 
@@ -248,6 +250,8 @@ class Gate:
                         self._counted += 1
                         self.consumer.qos.increment_eventually()
                         self._unreserve(entry.req)
+                    if first:
+                        self._log_wait(entry)
                     return
                 self._held.pop(entry.ticket, None)
                 if entry.counted:
@@ -299,8 +303,22 @@ class Gate:
             entry.granted_at = clock.monotonic()
             return "granted"
         if attempt.status is AttemptStatus.WAITING:
+            entry.position = attempt.position
             return None
         return "slot"
+
+    def _log_wait(self, entry: _Entry) -> None:
+        log.info(
+            "task %s[%s] waits for semaphore %r (limit %d, position %s): held by the worker, "
+            "off the pool, until a release wakes it%s",
+            entry.req.name,
+            entry.req.id,
+            entry.sem.name,
+            entry.sem.limit,
+            entry.position,
+            "" if entry.counted else " (semaphore_worker_hold is full: in the prefetch window)",
+            extra={"semaphore": entry.sem.name, "task_id": entry.req.id},
+        )
 
     def _unreserve(self, req: Any) -> None:
         # A held request is not waiting for a pool slot: keep it out of reserved_requests,
@@ -316,7 +334,7 @@ class Gate:
             directive = self._directive(entry, "run")
             directive.update(f=entry.grant[0], x=entry.grant[1])
             if not first:
-                log.info(
+                log.debug(
                     "task %s[%s]: semaphore %r granted after %.3fs held; to the pool",
                     entry.req.name,
                     entry.req.id,
@@ -526,10 +544,14 @@ class Gate:
             return list(self._held)
 
 
-def _thread_safe_pool(consumer: Any) -> bool:
+def _submit_anywhere(consumer: Any) -> bool:
+    """May work be handed to this consumer's pool from any thread?  The threads pool's
+    executor is thread-safe; green pools (gevent, eventlet) run every "thread" as a greenlet
+    of one OS thread (and have no hub to hand work back through)."""
     from celery.concurrency.thread import TaskPool
 
-    return isinstance(getattr(consumer, "pool", None), TaskPool)
+    pool = getattr(consumer, "pool", None)
+    return isinstance(pool, TaskPool) or bool(getattr(pool, "is_green", False))
 
 
 def _maybe_revoked(req: Any) -> bool:
@@ -561,8 +583,9 @@ class GateStep(bootsteps.StartStopStep):  # type: ignore[misc]
         self.gate: Gate | None = None
         hold = config.APP_SETTINGS["semaphore_worker_hold"][0]
         hold = int(c.app.conf.get("semaphore_worker_hold", hold))
-        if getattr(c, "hub", None) is None or hold <= 0:
-            return  # no event loop to hand requests back on (e.g. gevent): no gate
+        green = bool(getattr(c.pool, "is_green", False))
+        if (getattr(c, "hub", None) is None and not green) or hold <= 0:
+            return  # no event loop to hand requests back on, and a pool that needs one
         self.gate = Gate(c, c.on_task_request, hold)
         c.on_task_request = self.gate.on_task_request
 

@@ -23,8 +23,10 @@ from .workers import Env, Worker, start_worker, wait_until
 pytestmark = pytest.mark.timeout(120)
 
 
-@pytest.fixture(params=["threads", "prefork"])
+@pytest.fixture(params=["threads", "prefork", "gevent"])
 def node(request: pytest.FixtureRequest, redis_server: RedisServer) -> Iterator[tuple[Env, Worker]]:
+    if request.param == "gevent":
+        pytest.importorskip("gevent")
     env = Env(redis_url=redis_server.url(0), broker_url=redis_server.url(0), limit=1)
     worker = start_worker(env, pool=request.param, concurrency=2)
     try:
