@@ -79,8 +79,10 @@ html_title = f"celery-semaphore {release}"
 html_theme_options = {
     "description": "Fair, crash-safe concurrency limits for Celery tasks, on Redis.",
     "fixed_sidebar": True,
-    "page_width": "1100px",
+    "page_width": "1200px",
     "sidebar_width": "230px",
+    "body_max_width": "none",  # the diagrams need about 90 columns
+    "code_font_size": "0.8em",
 }
 html_static_path: list[str] = []
 html_show_sourcelink = False
