@@ -5,7 +5,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo test lint typecheck unit clean
+.PHONY: demo test lint typecheck unit docs clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -26,7 +26,13 @@ typecheck: $(VENV)/.installed
 unit: $(VENV)/.installed
 	$(BIN)/python -m pytest
 
-test: lint typecheck unit
+# The documentation site: HTML in docs/_build/html.  Warnings are errors (-W, all of them
+# reported: --keep-going), unresolved references too (-n); -E re-reads every page and docstring,
+# so a warning is never hidden by a cached page.
+docs: $(VENV)/.installed
+	$(BIN)/python -m sphinx -E -q -W --keep-going -n -b html -d docs/_build/doctrees docs docs/_build/html
+
+test: lint typecheck docs unit
 
 clean:
-	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache
+	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache docs/_build

@@ -5,7 +5,7 @@ This is the core primitive; it never imports Celery and can be used on its own::
     from celery_semaphore import Semaphore
 
     sem = Semaphore("payment-gateway", limit=5, redis="redis://localhost:6379/0")
-    with sem.acquire(timeout=10) as permit:        # or: with sem: ...
+    with sem.hold(timeout=10) as permit:           # or: with sem: ...
         call_gateway(fencing_token=permit.fencing_token)
 
 How it works, in one paragraph: every state change (acquire, release, refresh, withdraw,

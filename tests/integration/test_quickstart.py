@@ -1,0 +1,139 @@
+"""The quickstart works as written: its files, its worker command, a real worker, the limit held.
+
+``docs/quickstart.md``'s ``python file=...`` blocks are written out as they are, with two
+changes the test needs: the Redis URL is the test Redis, and ``proj.py`` gets the test's key
+prefix and queue (so it touches nothing else on a shared Redis) plus an independent count of the
+bodies running at once: ``time.sleep`` in the body is counted (INCR/DECR of a key of its own,
+not the semaphore's) and shortened, so the test takes seconds, not 7.
+"""
+
+from __future__ import annotations
+
+import shlex
+import subprocess
+import sys
+import tempfile
+import uuid
+from pathlib import Path
+
+import pytest
+
+from celery_semaphore import Semaphore
+from tests.doc_blocks import DOC_REDIS_URL, DOCS, blocks
+
+from .workers import ROOT, Env, Worker, wait_ready, wait_until
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
+
+PAGE = DOCS / "quickstart.md"
+LIMIT = 3  # the limit proj.py sets: checked below
+TASKS = 20  # what send.py sends: checked below
+HOLD = 0.3  # seconds the counted time.sleep(1) really sleeps
+
+HARNESS = """
+
+# --- appended by tests/integration/test_quickstart.py ---------------------------------------
+import redis as _redis
+
+app.conf.update(semaphore_key_prefix={prefix!r}, task_default_queue={queue!r})
+_counter = _redis.Redis.from_url({url!r})
+
+
+class _CountedTime:
+    \"\"\"``time`` for the body: its sleep counts the bodies inside, independently.\"\"\"
+
+    def __getattr__(self, name):
+        return getattr(_real_time, name)
+
+    def sleep(self, seconds):
+        now = _counter.incr({inside!r})
+        _counter.rpush({seen!r}, now)
+        try:
+            _real_time.sleep({hold!r})
+        finally:
+            _counter.decr({inside!r})
+
+
+_real_time = time
+time = _CountedTime()
+"""
+
+
+def page_files() -> dict[str, str]:
+    return {
+        b.tags["file"]: b.source for b in blocks(PAGE) if b.lang == "python" and "file" in b.tags
+    }
+
+
+def worker_command() -> list[str]:
+    lines = [
+        line.strip()
+        for b in blocks(PAGE)
+        if b.lang == "console"
+        for line in b.source.splitlines()
+        if line.strip().startswith("celery -A proj worker")
+    ]
+    assert len(lines) == 1, f"expected one worker command on the page, found {lines}"
+    return shlex.split(lines[0])
+
+
+def test_the_page_is_what_this_test_assumes() -> None:
+    files = page_files()
+    assert set(files) == {"proj.py", "send.py", "watch.py"}
+    assert f'@limited("payment-gateway", limit={LIMIT})' in files["proj.py"]
+    assert "time.sleep(1)" in files["proj.py"]
+    assert f"range({TASKS})" in files["send.py"]
+    concurrency = worker_command()[worker_command().index("--concurrency") + 1]
+    assert int(concurrency) > LIMIT, "the worker must have more slots than the limit"
+
+
+def test_quickstart_holds_its_limit_with_a_real_worker(env: Env) -> None:
+    inside, seen = f"{env.prefix}:inside", f"{env.prefix}:seen"
+    workdir = Path(tempfile.mkdtemp(prefix="cs-quickstart-"))
+    files = {name: src.replace(DOC_REDIS_URL, env.redis_url) for name, src in page_files().items()}
+    files["proj.py"] += HARNESS.format(
+        prefix=env.prefix, queue=env.queue, url=env.redis_url, inside=inside, seen=seen, hold=HOLD
+    )
+    for name, source in files.items():
+        (workdir / name).write_text(source)
+
+    node = f"quickstart-{uuid.uuid4().hex[:6]}@localhost"
+    command = worker_command()
+    assert command[0] == "celery"
+    args = [sys.executable, "-m", *command, "-n", node, "--without-gossip", "--without-mingle"]
+    logfile, outfile = workdir / "worker.log", workdir / "output.txt"
+    args += ["--logfile", str(logfile)]
+    with outfile.open("wb") as out:
+        proc = subprocess.Popen(
+            args,
+            cwd=workdir,
+            env={**env.environ(), "PYTHONPATH": str(workdir) + ":" + str(ROOT)},
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    worker = Worker(node, proc, logfile, outfile)
+    client = env.redis()
+    try:
+        wait_ready(env, worker, timeout=60)
+        subprocess.run(
+            [sys.executable, "send.py"],
+            cwd=workdir,
+            env={**env.environ(), "PYTHONPATH": str(workdir)},
+            check=True,
+            timeout=60,
+        )
+        wait_until(
+            lambda: client.llen(seen) >= TASKS and int(client.get(inside) or 0) == 0,
+            timeout=90,
+            what=f"{TASKS} bodies done\n{worker.log()[-3000:]}",
+        )
+        counts = [int(x) for x in client.lrange(seen, 0, -1)]
+        assert len(counts) == TASKS
+        assert max(counts) == LIMIT, f"bodies at once: {counts}"
+        sem = Semaphore("payment-gateway", LIMIT, redis=client, key_prefix=env.prefix)
+        wait_until(lambda: sem.inspect().used == 0, timeout=10, what="permits given back")
+        assert sem.holders() == []
+    finally:
+        worker.stop()
+        client.close()
