@@ -10,7 +10,7 @@ Exit codes (also in docs/cli.md):
 ==  ==================================================================================
 0   done
 1   not found: unknown semaphore, task not holding or waiting, token not held
-2   usage error (bad option or argument)
+2   usage error (bad option or argument, invalid settings, metrics extra or port)
 3   Redis not configured, unreachable or failing (or holding data it should not)
 4   cancelled at the confirmation prompt
 ==  ==================================================================================
@@ -116,7 +116,10 @@ class _Ops:
     def known(self, *, scan: bool = True) -> dict[str, Any]:
         from . import registry
 
-        return registry.known(self.client, self.prefix, self.app, scan=scan)
+        try:
+            return registry.known(self.client, self.prefix, self.app, scan=scan)
+        except (TypeError, ValueError) as exc:  # e.g. a malformed semaphore_limits
+            _fail(f"invalid configuration: {exc}", EXIT_USAGE)
 
     def entry(self, name: str) -> Any:
         """The Known entry for ``name``; exit 1 when no source knows it."""

@@ -73,7 +73,7 @@ def _prepare_metrics(app: Any, port: int, address: str) -> None:
         signals.worker_ready.disconnect(start)
         try:
             metrics.start_exporter(app, port=port, address=address)
-        except OSError as exc:
+        except Exception as exc:  # no metrics is no reason to stop processing tasks
             log_metrics.error(
                 "celery-semaphore: cannot serve metrics on %s:%d (semaphore_metrics_port): %s",
                 address,
