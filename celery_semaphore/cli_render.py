@@ -65,8 +65,13 @@ def _limit(row: Mapping[str, Any]) -> str:
     return f"{_cell(row['limit'])} ({row['source']}{extra})"
 
 
+def _partition_name(part: Mapping[str, Any]) -> str:
+    name = str(part.get("name", "?"))
+    return name or "(default)"  # the core calls the default partition ""
+
+
 def _partition_line(part: Mapping[str, Any]) -> str:
-    name = part.get("name", "?")
+    name = _partition_name(part)
     rest = ", ".join(
         f"{k} {_cell(v)}"
         for k, v in part.items()
@@ -149,7 +154,7 @@ def detail(data: Mapping[str, Any]) -> str:
                         w["position"],
                         w["task_id"] or w["ticket"],
                         w["task"],
-                        w["partition"],
+                        w["partition"] or None,
                         w["weight"],
                         duration(w["waited"]),
                         "parked" if w["parked"] else "blocked",
@@ -271,7 +276,7 @@ def top_frame(rows: Sequence[Mapping[str, Any]], prefix: str, interval: float) -
         for part in r["partitions"]:
             used = part.get("used", 0)
             cap = part.get("cap", part.get("limit"))
-            name = "  " + str(part.get("name", "?"))
+            name = "  " + _partition_name(part)
             bar = _bar(int(used or 0), cap if isinstance(cap, int) else None)
             lines.append(
                 f"{name:<{width}}  {bar}  {used}/{_cell(cap)}  {part.get('waiting', 0)} waiting"

@@ -240,8 +240,14 @@ class SemaphoreCollector(Collector):
         p_used = gauge("celery_semaphore_partition_in_use", "Units a partition holds.", "partition")
         p_wait = gauge("celery_semaphore_partition_waiting", "A partition's waiters.", "partition")
         expired = CounterMetricFamily(
-            "celery_semaphore_expired",
-            "Holders whose lease ran out, as counted in Redis by the core.",
+            "celery_semaphore_leases_expired",
+            "Holders whose lease ran out and whose units were taken back, whoever took them "
+            "(counted in Redis by the core).",
+            labels=["semaphore"],
+        )
+        grants = CounterMetricFamily(
+            "celery_semaphore_grants",
+            "Permits ever granted, by anyone, as counted in Redis by the core.",
             labels=["semaphore"],
         )
         up = GaugeMetricFamily("celery_semaphore_redis_up", "1 when the last read of Redis worked.")
@@ -260,23 +266,26 @@ class SemaphoreCollector(Collector):
                     waiting.add_metric([name], row["waiting"])
                     oldest.add_metric([name], row["oldest_wait"])
                     for part in row["partitions"]:
-                        label = [name, str(part.get("name", ""))]
+                        label = [name, str(part.get("name", ""))]  # "": the default one
                         cap = part.get("cap", part.get("limit"))
                         if isinstance(cap, (int, float)):
                             p_cap.add_metric(label, cap)
                         p_used.add_metric(label, float(part.get("used") or 0))
                         p_wait.add_metric(label, float(part.get("waiting") or 0))
-                    reclaimed = getattr(snap, "reclaimed", None)
+                    # counters the core keeps in Redis, when it reports them
+                    reclaimed = getattr(snap, "reclaimed_total", None)
                     if isinstance(reclaimed, int):
                         expired.add_metric([name], reclaimed)
+                    granted = getattr(snap, "grants_total", None)
+                    if isinstance(granted, int):
+                        grants.add_metric([name], granted)
         except Exception as exc:  # a scrape must answer: report Redis down, not a 500
             log.warning("celery-semaphore metrics: reading Redis failed: %s", exc)
             ok = 0.0
         up.add_metric([], ok)
         yield from (limit, overridden, in_use, holders, waiting, oldest)
         yield from (p_cap, p_used, p_wait)
-        if expired.samples:
-            yield expired
+        yield from (f for f in (expired, grants) if f.samples)
         yield up
 
 

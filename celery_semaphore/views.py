@@ -64,10 +64,17 @@ def _plain(value: Any) -> Any:
 
 
 def _partitions(snap: Snapshot) -> list[dict[str, Any]]:
+    """The core's partition records (name, used, waiters, cap, weight) as dicts, with
+    ``waiters`` renamed ``waiting`` like the semaphore's own count."""
     parts = getattr(snap, "partitions", None) or []
     if isinstance(parts, Mapping):
-        return [{"name": k, **_plain(v)} for k, v in parts.items()]
-    return [p if isinstance(p, dict) else _plain(p) for p in (_plain(x) for x in parts)]
+        records = [{"name": k, **_plain(v)} for k, v in parts.items()]
+    else:
+        records = [dict(_plain(p)) for p in parts]
+    for record in records:
+        if "waiters" in record and "waiting" not in record:
+            record["waiting"] = record.pop("waiters")
+    return records
 
 
 def summary(entry: Known, snap: Snapshot) -> dict[str, Any]:
@@ -168,7 +175,13 @@ def explain(entry: Known, snap: Snapshot, task_id: str) -> dict[str, Any] | None
         out.update(state="holding", holding=[_holder(h, now) for h in held])
         return out
     me = waiting[0]
-    ahead = [w for w in snap.waiters if w.position < me.position]
+    # positions count within the waiter's partition (one line when there are none)
+    mine = getattr(me, "partition", None)
+    ahead = [
+        w
+        for w in snap.waiters
+        if w.position < me.position and getattr(w, "partition", None) == mine
+    ]
     ahead_units = sum(w.weight for w in ahead)
     limit = info["limit"] or 0
     free = max(0, limit - snap.used)
@@ -199,10 +212,12 @@ def explain(entry: Known, snap: Snapshot, task_id: str) -> dict[str, Any] | None
 
 
 def _cap(snap: Snapshot, me: WaiterInfo, info: Mapping[str, Any]) -> dict[str, Any]:
-    """The cap that applies: the partition's when the core reports one, else the limit."""
+    """The cap that applies: the partition's when the core reports a capped partition or
+    several partitions (a share of the limit), else the limit."""
     partition = getattr(me, "partition", None)
+    parts = _partitions(snap)
     if partition is not None:
-        for part in _partitions(snap):
-            if part.get("name") == partition:
+        for part in parts:
+            if part.get("name") == partition and (part.get("cap") is not None or len(parts) > 1):
                 return {"kind": "partition", "partition": partition, "detail": part}
     return {"kind": "limit", "limit": info["limit"], "source": info["source"]}
