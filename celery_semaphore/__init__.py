@@ -15,20 +15,26 @@ from .exceptions import (
     SemaphoreStateError,
     SemaphoreTimeout,
 )
-from .semaphore import (
-    Attempt,
-    AttemptStatus,
-    HolderInfo,
-    Permit,
-    Semaphore,
-    Snapshot,
-    WaiterInfo,
-)
 
 if TYPE_CHECKING:
     from .decorators import limited
     from .runtime import checkpoint, current_permits
+    from .semaphore import (
+        Attempt,
+        AttemptStatus,
+        HolderInfo,
+        Permit,
+        Semaphore,
+        Snapshot,
+        WaiterInfo,
+    )
     from .task import LimitedTask
+
+# The core primitive (and redis-py with it) is imported on first use too: every `celery`
+# command imports this package, because the `celery semaphore` plugin lives in it.
+_CORE = frozenset(
+    {"Attempt", "AttemptStatus", "HolderInfo", "Permit", "Semaphore", "Snapshot", "WaiterInfo"}
+)
 
 # The Celery layer is imported on first use, so the core primitive (and the `celery` CLI
 # plugin) never pay for it, and `Semaphore` works without importing Celery.
@@ -41,6 +47,12 @@ _CELERY_LAYER = {
 
 
 def __getattr__(name: str) -> Any:
+    if name in _CORE:
+        from importlib import import_module
+
+        value = getattr(import_module(f"{__name__}.semaphore"), name)
+        globals()[name] = value
+        return value
     if name in _CELERY_LAYER:
         from importlib import import_module
 

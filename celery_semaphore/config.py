@@ -9,7 +9,8 @@ values would beat ``config_from_object``) and validated at worker start.
 
 Settings that only exist at app level: ``semaphore_redis_url``, ``semaphore_key_prefix``,
 ``semaphore_limits``, ``semaphore_enabled``, ``semaphore_eager_timeout``,
-``semaphore_worker_hold``.
+``semaphore_worker_hold``,
+``semaphore_metrics_port``, ``semaphore_metrics_address``.
 """
 
 from __future__ import annotations
@@ -179,7 +180,37 @@ APP_SETTINGS: dict[str, tuple[Any, Callable[[str, object], Any], str]] = {
         "How many waiting limited tasks one worker node holds in its consumer, off the pool, "
         "until a release wakes them; 0 turns the gate off (tasks wait in their slot or park).",
     ),
+    "semaphore_metrics_port": (
+        None,
+        lambda p, v: _port(p, v),
+        "Port on which each worker's main process serves Prometheus metrics (needs the "
+        "[prometheus] extra); None serves none.",
+    ),
+    "semaphore_metrics_address": (
+        "0.0.0.0",
+        lambda p, v: _address(p, v),
+        "Address the metrics exporter listens on.",
+    ),
 }
+
+
+def _port(param: str, value: object) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 65535:
+        raise ValueError(
+            f"{param}={value!r} is not accepted: use a TCP port (an int from 1 to 65535) or None"
+        )
+    return value
+
+
+def _address(param: str, value: object) -> str:
+    if not isinstance(value, str) or not value:
+        raise ValueError(
+            f"{param}={value!r} is not accepted: use an IP address or host name to listen "
+            "on, e.g. '0.0.0.0' (all interfaces) or '127.0.0.1'"
+        )
+    return value
 
 
 def _str(param: str, value: object) -> str:

@@ -46,7 +46,7 @@ from typing import Any
 from celery import bootsteps
 from celery.exceptions import WorkerLostError
 
-from . import clock, config
+from . import clock, config, events
 from .exceptions import SemaphoreError
 from .keys import node_wake_key
 from .runtime import (
@@ -252,6 +252,14 @@ class Gate:
                         self._unreserve(entry.req)
                     if first:
                         self._log_wait(entry)
+                        events.emit(
+                            "waited",
+                            name=entry.sem.name,
+                            task_id=entry.req.id,
+                            task=entry.req.name,
+                            mode="held",
+                            position=entry.position,
+                        )
                     return
                 self._held.pop(entry.ticket, None)
                 if entry.counted:
@@ -332,7 +340,8 @@ class Gate:
         directive: dict[str, Any] | None = None
         if status == "granted" and entry.grant is not None:
             directive = self._directive(entry, "run")
-            directive.update(f=entry.grant[0], x=entry.grant[1])
+            waited = time.time() - entry.state.first_wait if entry.state.first_wait else 0.0
+            directive.update(f=entry.grant[0], x=entry.grant[1], w=round(waited, 6))
             if not first:
                 log.debug(
                     "task %s[%s]: semaphore %r granted after %.3fs held; to the pool",
@@ -408,6 +417,14 @@ class Gate:
             )
             return
         if released:
+            if tombstone_ttl == 0:  # the process running it was lost
+                events.emit(
+                    "reclaimed",
+                    name=entry.sem.name,
+                    count=1,
+                    reason="crashed",
+                    task_id=entry.req.id,
+                )
             log.warning(
                 "semaphore %r: released the permit of task %s[%s]: %s",
                 entry.sem.name,

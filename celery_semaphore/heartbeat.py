@@ -22,7 +22,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from . import clock
+from . import clock, events
 from .semaphore import Permit, Semaphore
 
 __all__ = ["Heartbeat", "heartbeat"]
@@ -124,7 +124,11 @@ class Heartbeat:
             watched = list(self._watched.values())
         for sem in watched:
             try:
-                sem.reclaim()
+                reclaimed = sem.reclaim()  # ops: events (reclaimed =)
+                if reclaimed:  # ops: events
+                    events.emit(
+                        "reclaimed", name=sem.name, count=reclaimed, reason="expired", task_id=None
+                    )
             except Exception as exc:
                 log.debug("semaphore %r: sweep failed: %s", sem.name, exc)
 
@@ -153,6 +157,10 @@ class Heartbeat:
             permit.semaphore.name,
             entry.task_id,
             permit.token,
+        )
+        # ops: events
+        events.emit(
+            "lease_lost", name=permit.semaphore.name, task_id=entry.task_id, token=permit.token
         )
         if entry.on_lost is not None:
             try:

@@ -44,7 +44,7 @@ from typing import Any, NoReturn, TypeVar
 
 from kombu.utils import json as kombu_json
 
-from . import clock, config
+from . import clock, config, events
 from .exceptions import LeaseLost, SemaphoreBackendError, SemaphoreError, SemaphoreTimeout
 from .heartbeat import heartbeat
 from .semaphore import Attempt, AttemptStatus, Permit, Semaphore
@@ -330,7 +330,7 @@ def _run_gated(
             float(directive["x"]),
             str(directive["c"]),
         )
-        return _hold(task, sem, permit, opts, state, call)
+        return _hold(task, sem, permit, opts, state, call, float(directive.get("w", 0.0)))
     if do == "timeout":
         waited = float(directive.get("w", 0.0))
         raise _timeout(task, sem, waited, opts.max_wait or 0.0)
@@ -382,6 +382,8 @@ def _run_blocking(
 
 
 def _timeout(task: Any, sem: Semaphore, waited: float, bound: float) -> SemaphoreTimeout:
+    # ops: events
+    events.emit("timed_out", name=sem.name, task_id=task.request.id, task=task.name, waited=waited)
     return SemaphoreTimeout(
         f"task {task.name}[{task.request.id}] waited {waited:.1f}s for semaphore "
         f"{sem.name!r} (limit {sem.limit}) and gave up (max wait {bound}s)",
@@ -427,6 +429,15 @@ def _acquire_and_run(
             and (attempt.position or 0) < standby
         ):
             # keep_place: when the wait ends without a grant, the place stays for _park
+            # ops: events
+            events.emit(
+                "waited",
+                name=sem.name,
+                task_id=request.id,
+                task=task.name,
+                mode="slot",
+                position=attempt.position,
+            )
             attempt = sem.wait(
                 ticket,
                 timeout=opts.wait_timeout,
@@ -477,7 +488,12 @@ def _reclaim_from_dead_process(sem: Semaphore, token: str) -> bool:
         pid,
         token,
     )
-    return sem.release_token(token, tombstone_ttl=0)  # no tombstone: the redelivery runs
+    released = sem.release_token(token, tombstone_ttl=0)  # no tombstone: the redelivery runs
+    if released:  # ops: events
+        events.emit(
+            "reclaimed", name=sem.name, count=1, reason="crashed", task_id=token.rpartition(":")[0]
+        )
+    return released
 
 
 def _process_alive(pid: int) -> bool:
@@ -555,6 +571,15 @@ def _park(
     else:
         position = None
     sig.apply_async(countdown=countdown)
+    # ops: events
+    events.emit(
+        "waited",
+        name=sem.name,
+        task_id=request.id,
+        task=task.name,
+        mode="parked",
+        position=position,
+    )
     log_acquire.info(
         "task %s[%s] waits for semaphore %r (limit %d, position %s, waited %.1fs): parked for "
         "%.2fs (wait #%d)",
@@ -596,6 +621,10 @@ def _withdraw_quietly(sem: Semaphore, ticket: str) -> None:
         log_acquire.warning("semaphore %r: could not withdraw %s: %s", sem.name, ticket, exc)
 
 
+def _waited(state: WaitState) -> float:
+    return time.time() - state.first_wait if state.first_wait else 0.0
+
+
 def _hold(
     task: Any,
     sem: Semaphore,
@@ -603,12 +632,24 @@ def _hold(
     opts: config.ResolvedOptions,
     state: WaitState,
     call: Callable[[], _T],
+    waited: float | None = None,
 ) -> _T:
     permit._cs_policy = opts.on_lease_lost  # type: ignore[attr-defined]
     heartbeat.register(permit, interval=opts.heartbeat_interval, task_id=task.request.id)
     note_handled(permit.token)
     permits: list[Permit] = _local.__dict__.setdefault("permits", [])
     permits.append(permit)
+    # ops: events
+    events.emit(
+        "acquired",
+        name=sem.name,
+        task_id=task.request.id,
+        task=task.name,
+        weight=permit.weight,
+        wait=waited if waited is not None else _waited(state),
+        partition=None,
+    )
+    held_since = clock.monotonic()  # ops: events
     try:
         return call()
     finally:
@@ -619,7 +660,18 @@ def _hold(
         tomb = None
         if state.epoch > 0 or state.takeover:
             tomb = 2 * (opts.retry_backoff_max + PLACE_SLACK + opts.lease_ttl)
-        release_with_retry(permit, tombstone_ttl=tomb, task_id=task.request.id)
+        # ops: events (held =)
+        held = release_with_retry(permit, tombstone_ttl=tomb, task_id=task.request.id)
+        # ops: events
+        events.emit(
+            "released",
+            name=sem.name,
+            task_id=task.request.id,
+            task=task.name,
+            weight=permit.weight,
+            hold=clock.monotonic() - held_since,
+            held=held,
+        )
 
 
 def release_with_retry(

@@ -17,7 +17,7 @@ from typing import Any
 
 from celery import signals
 
-from . import config
+from . import config, events, worker_hooks
 from .decorators import spec_of
 from .exceptions import SemaphoreError
 from .runtime import handled_here, semaphore_for
@@ -46,6 +46,7 @@ def _on_worker_init(sender: Any = None, **_: Any) -> None:
                     f"{spec.name!r} ({limit}, from semaphore_limits); use a weight from 1 to "
                     f"{limit} or raise the limit"
                 )
+        worker_hooks.on_worker_init(app, sender)  # ops: registry and metrics
     except (TypeError, ValueError) as exc:
         log.critical("celery-semaphore: invalid configuration: %s", exc)
         raise SystemExit(f"celery-semaphore: invalid configuration: {exc}") from exc
@@ -76,6 +77,8 @@ def _release_dead(task: Any, task_id: str | None, request: Any, why: str) -> Non
         )
         return
     if released:
+        # ops: events
+        events.emit("reclaimed", name=spec.name, count=1, reason="crashed", task_id=task_id)
         log.warning(
             "semaphore %r: released the permit of task %s[%s] after %s",
             spec.name,

@@ -1,0 +1,487 @@
+"""``celery -A proj semaphore ...``: see and operate the semaphores from the terminal.
+
+Registered as a Celery sub-command through the ``celery.commands`` entry point.  Every
+``celery`` invocation (workers included) imports this module, so it imports nothing beyond
+what ``celery`` itself already has loaded (click and ``celery.bin.base``); Redis, the core
+and the rendering are imported inside the commands.
+
+Exit codes (also in docs/cli.md):
+
+==  ==================================================================================
+0   done
+1   not found: unknown semaphore, task not holding or waiting, token not held
+2   usage error (bad option or argument, invalid settings, metrics extra or port)
+3   Redis not configured, unreachable or failing (or holding data it should not)
+4   cancelled at the confirmation prompt
+==  ==================================================================================
+
+Errors are one line on stderr, starting with ``celery semaphore: error:``.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from collections.abc import Callable
+from typing import Any, NoReturn, TypeVar
+
+import click
+from celery.bin.base import CeleryCommand
+
+__all__ = ["EXIT_CANCELLED", "EXIT_NOT_FOUND", "EXIT_REDIS", "EXIT_USAGE", "semaphore"]
+
+EXIT_NOT_FOUND = 1
+EXIT_USAGE = 2
+EXIT_REDIS = 3
+EXIT_CANCELLED = 4
+
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+class CliError(Exception):
+    """A failure reported as one line on stderr and an exit code."""
+
+    def __init__(self, message: str, code: int) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def _fail(message: str, code: int = EXIT_NOT_FOUND) -> NoReturn:
+    raise CliError(message, code)
+
+
+def _handle_errors(fn: _F) -> _F:
+    """Turn CliError, Redis and semaphore errors into one line on stderr and an exit code."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        from redis.exceptions import RedisError
+
+        from .exceptions import SemaphoreError
+
+        try:
+            return fn(*args, **kwargs)
+        except CliError as exc:
+            message, code = str(exc), exc.code
+        except (SemaphoreError, RedisError) as exc:
+            message, code = f"Redis failed: {exc}", EXIT_REDIS
+        click.echo(f"celery semaphore: error: {message}", err=True)
+        raise click.exceptions.Exit(code)
+
+    return wrapper  # type: ignore[return-value]
+
+
+class _Ops:
+    """The app's Redis client and key prefix, connected on first use."""
+
+    def __init__(self, ctx: click.Context) -> None:
+        obj = ctx.find_root().obj
+        app = getattr(obj, "app", None)
+        if app is None:
+            _fail("no Celery app: run it as `celery -A proj semaphore ...`", EXIT_USAGE)
+        self.app = app
+        self._client: Any = None
+        self._semaphores: dict[tuple[str, int | None], Any] = {}
+        self.url = ""
+        from .config import redis_url_for
+        from .keys import validate_prefix
+
+        try:
+            self.url = redis_url_for(app.conf)
+            self.prefix = validate_prefix(app.conf.get("semaphore_key_prefix", "celery_semaphore"))
+        except (TypeError, ValueError) as exc:
+            _fail(str(exc), EXIT_REDIS)
+
+    @property
+    def client(self) -> Any:
+        if self._client is None:
+            import redis
+            from redis.backoff import NoBackoff
+            from redis.exceptions import RedisError
+            from redis.retry import Retry
+
+            client = redis.Redis.from_url(
+                self.url,
+                socket_connect_timeout=3,
+                socket_timeout=10,
+                retry=Retry(NoBackoff(), 1),
+            )
+            try:
+                client.ping()
+            except RedisError as exc:
+                _fail(f"cannot reach Redis at {_safe_url(self.url)}: {exc}", EXIT_REDIS)
+            self._client = client
+        return self._client
+
+    def known(self, *, scan: bool = True) -> dict[str, Any]:
+        from . import registry
+
+        try:
+            return registry.known(self.client, self.prefix, self.app, scan=scan)
+        except (TypeError, ValueError) as exc:  # e.g. a malformed semaphore_limits
+            _fail(f"invalid configuration: {exc}", EXIT_USAGE)
+
+    def entry(self, name: str) -> Any:
+        """The Known entry for ``name``; exit 1 when no source knows it."""
+        from .keys import SemaphoreKeys
+        from .registry import Known
+
+        entries = self.known(scan=False)
+        if name in entries:
+            return entries[name]
+        if self.client.exists(SemaphoreKeys.for_name(name, self.prefix).state):
+            return Known(name, found_in={"redis"})
+        _fail(
+            f"unknown semaphore {name!r} under key prefix {self.prefix!r}: no task of the app "
+            "uses it, no worker registered it and Redis has no state for it "
+            "(see `celery semaphore list`)"
+        )
+
+    def semaphore(self, entry: Any) -> Any:
+        """A (cached) Semaphore object for a Known entry."""
+        from .views import semaphore_for_known
+
+        key = (entry.name, entry.configured_limit)
+        sem = self._semaphores.get(key)
+        if sem is None:
+            sem = self._semaphores[key] = semaphore_for_known(self.client, self.prefix, entry)
+        return sem
+
+
+def _safe_url(url: str) -> str:
+    """The URL without its password."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    host = parts.hostname or ""
+    netloc = f"{parts.username or ''}:***@{host}" + (f":{parts.port}" if parts.port else "")
+    return urlunsplit(parts._replace(netloc=netloc))
+
+
+def _print_json(value: Any) -> None:
+    click.echo(json.dumps(value, indent=2, sort_keys=True, default=str))
+
+
+_json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON, for scripts.")
+
+
+@click.group(name="semaphore")
+def semaphore(**_: Any) -> None:
+    """See and operate celery-semaphore semaphores (limits, holders, waiters)."""
+
+
+@semaphore.command(name="list", cls=CeleryCommand)
+@click.option("--no-scan", is_flag=True, help="Do not SCAN Redis for semaphores.")
+@_json_option
+@click.pass_context
+@_handle_errors
+def list_(ctx: click.Context, /, no_scan: bool, as_json: bool, **_: Any) -> None:
+    """Every known semaphore: limit and its source, units in use, waiters, partitions."""
+    from . import cli_render, views
+
+    ops = _Ops(ctx)
+    rows = []
+    for entry in ops.known(scan=not no_scan).values():
+        rows.append(views.summary(entry, ops.semaphore(entry).inspect()))
+    if as_json:
+        _print_json(rows)
+    else:
+        click.echo(cli_render.listing(rows, ops.prefix))
+
+
+@semaphore.command(cls=CeleryCommand)
+@click.argument("name")
+@_json_option
+@click.pass_context
+@_handle_errors
+def show(ctx: click.Context, /, name: str, as_json: bool, **_: Any) -> None:
+    """Holders and waiters of semaphore NAME."""
+    from . import audit, cli_render, views
+
+    ops = _Ops(ctx)
+    entry = ops.entry(name)
+    data = views.detail(entry, ops.semaphore(entry).inspect())
+    data["operator_actions"] = audit.read(ops.client, ops.prefix, name, limit=5)
+    if as_json:
+        _print_json(data)
+    else:
+        click.echo(cli_render.detail(data))
+
+
+@semaphore.command(cls=CeleryCommand)
+@click.argument("task_id")
+@click.option("--name", default=None, help="Look only at this semaphore.")
+@_json_option
+@click.pass_context
+@_handle_errors
+def explain(ctx: click.Context, /, task_id: str, name: str | None, as_json: bool, **_: Any) -> None:
+    """Why task TASK_ID is not running: its place in line, what is ahead, the cap, an estimate."""
+    from . import cli_render, views
+
+    ops = _Ops(ctx)
+    entries = [ops.entry(name)] if name is not None else list(ops.known().values())
+    found = []
+    for entry in entries:
+        result = views.explain(entry, ops.semaphore(entry).inspect(), task_id)
+        if result is not None:
+            found.append(result)
+    if not found:
+        where = f"semaphore {name!r}" if name is not None else "any known semaphore"
+        _fail(
+            f"task {task_id} is neither holding nor waiting for {where} under key prefix "
+            f"{ops.prefix!r}: it may still be in the broker's queue, be done already, or not "
+            "be a limited task"
+        )
+    if as_json:
+        _print_json(found)
+    else:
+        click.echo("\n\n".join(cli_render.explanation(r) for r in found))
+
+
+@semaphore.command(name="set-limit", cls=CeleryCommand)
+@click.argument("name")
+@click.argument("limit", type=click.IntRange(min=1), required=False)
+@click.option("--clear", is_flag=True, help="Remove the runtime override.")
+@click.pass_context
+@_handle_errors
+def set_limit(ctx: click.Context, /, name: str, limit: int | None, clear: bool, **_: Any) -> None:
+    """Set a runtime limit for NAME that every worker obeys at once (or --clear it)."""
+    from . import audit, views
+
+    if clear == (limit is not None):
+        raise click.UsageError("give either a LIMIT (an int >= 1) or --clear, not both")
+    ops = _Ops(ctx)
+    entry = ops.entry(name)
+    sem = ops.semaphore(entry)
+    before = views.limit_info(entry, sem.inspect())
+    sem.set_limit_override(limit)
+    after = views.limit_info(entry, sem.inspect())
+    audit.record(
+        ops.client,
+        ops.prefix,
+        "clear-limit" if clear else "set-limit",
+        name,
+        limit=limit,
+        previous=before["limit"],
+        previous_source=before["source"],
+    )
+    was = f"was {before['limit']} from {before['source']}"
+    if clear:
+        click.echo(
+            f"semaphore {name!r}: runtime override cleared ({was}); the limit is now "
+            f"{after['limit'] if after['limit'] is not None else 'what each task declares'} "
+            f"from {after['source']}"
+        )
+    else:
+        click.echo(
+            f"semaphore {name!r}: limit set to {limit} (runtime override; {was}). Every "
+            f"worker obeys it from its next acquire; it stays until "
+            f"`celery semaphore set-limit {name} --clear`."
+        )
+
+
+@semaphore.command(cls=CeleryCommand)
+@click.argument("name")
+@click.argument("token", required=False)
+@click.option("--task-id", default=None, help="Release the permit(s) held by this task.")
+@click.pass_context
+@_handle_errors
+def release(
+    ctx: click.Context, /, name: str, token: str | None, task_id: str | None, **_: Any
+) -> None:
+    """Force the release of a permit of NAME, by TOKEN or --task-id (logged, with who did it).
+
+    The task itself keeps running: its heartbeat then reports the permit lost."""
+    from . import audit, views
+
+    if (token is None) == (task_id is None):
+        raise click.UsageError("give either a TOKEN or --task-id ID, not both")
+    ops = _Ops(ctx)
+    entry = ops.entry(name)
+    sem = ops.semaphore(entry)
+    snap = sem.inspect()
+    if token is not None:
+        targets = [h for h in snap.holders if h.token == token]
+        missing = f"no holder of semaphore {name!r} has token {token}"
+    else:
+        targets, waiting = views.find_task(snap, str(task_id))
+        missing = f"task {task_id} holds no permit of semaphore {name!r}" + (
+            f" (it is waiting, at position {waiting[0].position})" if waiting else ""
+        )
+    if not targets:
+        _fail(f"{missing}; see `celery semaphore show {name}`")
+    for holder in targets:
+        released = sem.release_token(holder.token)
+        audit.record(
+            ops.client,
+            ops.prefix,
+            "release",
+            name,
+            token=holder.token,
+            task_id=holder.owner.get("task_id"),
+            task=holder.owner.get("task"),
+            holder_host=holder.owner.get("host") or holder.owner.get("machine"),
+            holder_pid=holder.owner.get("pid"),
+            weight=holder.weight,
+            held=round(snap.server_time - holder.acquired_at, 3),
+            released=released,
+        )
+        what = "released" if released else "was already gone:"
+        click.echo(
+            f"semaphore {name!r}: {what} token {holder.token} (task "
+            f"{holder.owner.get('task_id') or '?'}, {holder.weight} unit(s)); the task, if "
+            "still running, keeps running and its heartbeat reports the permit lost"
+        )
+
+
+@semaphore.command(cls=CeleryCommand)
+@click.argument("name")
+@click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
+@click.option("--forget", is_flag=True, help="Also remove NAME from the registry.")
+@click.pass_context
+@_handle_errors
+def reset(ctx: click.Context, /, name: str, yes: bool, forget: bool, **_: Any) -> None:
+    """Drop every holder and waiter of NAME (asks first unless --yes).
+
+    Running tasks keep running (their heartbeat reports the permit lost); waiting tasks come
+    back on their countdown and queue again.  The runtime override and the fencing counter
+    are kept."""
+    from . import audit, registry
+
+    ops = _Ops(ctx)
+    entry = ops.entry(name)
+    sem = ops.semaphore(entry)
+    snap = sem.inspect()
+    question = (
+        f"Reset semaphore {name!r}: drop {len(snap.holders)} holder(s) ({snap.used} unit(s)) "
+        f"and {len(snap.waiters)} waiter(s)?"
+    )
+    if not yes:
+        try:
+            confirmed = click.confirm(question, default=False)
+        except click.Abort:
+            confirmed = False
+        if not confirmed:
+            _fail("reset cancelled (use --yes to skip the question)", EXIT_CANCELLED)
+    withdrawn = sum(1 for w in snap.waiters if sem.withdraw(w.ticket))
+    released = sum(1 for h in snap.holders if sem.release_token(h.token))
+    sem.reclaim()
+    forgotten = registry.forget(ops.client, ops.prefix, name) if forget else False
+    audit.record(
+        ops.client,
+        ops.prefix,
+        "reset",
+        name,
+        holders=released,
+        waiters=withdrawn,
+        tokens=[h.token for h in snap.holders],
+        forgot=forgotten,
+    )
+    after = sem.inspect()
+    kept = f"; runtime override {after.limit_override} kept" if after.limit_override else ""
+    click.echo(
+        f"semaphore {name!r} reset: released {released} holder(s), withdrew {withdrawn} "
+        f"waiter(s); now {after.used} unit(s) in use, {len(after.waiters)} waiting{kept}"
+        + ("; removed from the registry" if forgotten else "")
+    )
+
+
+@semaphore.command(cls=CeleryCommand)
+@click.option(
+    "--interval", type=click.FloatRange(min=0.05), default=1.0, show_default=True,
+    help="Seconds between refreshes.",
+)  # fmt: skip
+@click.option(
+    "--iterations", type=click.IntRange(min=0), default=0, show_default=True,
+    help="Stop after this many refreshes (0: until Ctrl-C).",
+)  # fmt: skip
+@click.option("--no-scan", is_flag=True, help="Do not SCAN Redis for semaphores.")
+@_json_option
+@click.pass_context
+@_handle_errors
+def top(
+    ctx: click.Context, /, interval: float, iterations: int, no_scan: bool, as_json: bool, **_: Any
+) -> None:
+    """A live view: a bar per semaphore and partition, refreshed every second."""
+    import sys
+    import time
+
+    from . import cli_render, views
+
+    ops = _Ops(ctx)
+    live = sys.stdout.isatty() and not as_json
+    frame = 0
+    entries: dict[str, Any] = {}
+    try:
+        while iterations == 0 or frame < iterations:
+            started = time.monotonic()
+            if frame % 30 == 0:  # look for new semaphores now and then, not every second
+                entries = ops.known(scan=not no_scan)
+            rows = [views.summary(e, ops.semaphore(e).inspect()) for e in entries.values()]
+            if as_json:
+                click.echo(json.dumps({"at": time.time(), "semaphores": rows}, default=str))
+            else:
+                text = cli_render.top_frame(rows, ops.prefix, interval)
+                if live:
+                    click.clear()
+                elif frame:
+                    click.echo("")
+                click.echo(text)
+            frame += 1
+            if iterations == 0 or frame < iterations:
+                time.sleep(max(0.0, interval - (time.monotonic() - started)))
+    except KeyboardInterrupt:
+        return
+
+
+@semaphore.command(name="audit", cls=CeleryCommand)
+@click.argument("name", required=False)
+@click.option("--limit", type=click.IntRange(min=1), default=20, show_default=True)
+@_json_option
+@click.pass_context
+@_handle_errors
+def audit_(ctx: click.Context, /, name: str | None, limit: int, as_json: bool, **_: Any) -> None:
+    """Recent operator actions (forced releases, resets, runtime limits): who, when, what."""
+    from . import audit, cli_render
+
+    ops = _Ops(ctx)
+    entries = audit.read(ops.client, ops.prefix, name, limit=limit)
+    if as_json:
+        _print_json(entries)
+    elif not entries:
+        click.echo("no operator actions recorded" + (f" for {name!r}" if name else ""))
+    else:
+        click.echo(cli_render.audit_lines(entries))
+
+
+@semaphore.command(cls=CeleryCommand)
+@click.option("--port", type=click.IntRange(1, 65535), default=9808, show_default=True)
+@click.option("--address", default="0.0.0.0", show_default=True, help="Address to listen on.")
+@click.option("--no-scan", is_flag=True, help="Do not SCAN Redis for semaphores at scrapes.")
+@click.pass_context
+@_handle_errors
+def metrics(ctx: click.Context, /, port: int, address: str, no_scan: bool, **_: Any) -> None:
+    """Serve Prometheus metrics (gauges read from Redis; needs the [prometheus] extra).
+
+    With PROMETHEUS_MULTIPROC_DIR set to the workers' directory (same host), it also serves
+    their counters and histograms."""
+    import time
+
+    ops = _Ops(ctx)
+    ops.client  # noqa: B018 - fail now (exit 3) if Redis is unreachable
+    try:
+        from . import metrics as metrics_mod
+    except ImportError as exc:
+        _fail(str(exc), EXIT_USAGE)
+    try:
+        metrics_mod.start_exporter(ops.app, port=port, address=address, scan=not no_scan)
+    except OSError as exc:
+        _fail(f"cannot listen on {address}:{port}: {exc}", EXIT_USAGE)
+    click.echo(f"serving celery-semaphore metrics on http://{address}:{port}/metrics")
+    try:
+        while True:
+            time.sleep(3600)
+    except KeyboardInterrupt:
+        return

@@ -1,0 +1,296 @@
+"""Text rendering of :mod:`celery_semaphore.views` dicts for ``celery semaphore``."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+__all__ = ["audit_lines", "detail", "duration", "explanation", "listing", "top_frame"]
+
+BAR_WIDTH = 30
+
+
+def duration(seconds: float | None) -> str:
+    """``0.4s``, ``12.3s``, ``5m03s``, ``2h05m``; ``-`` for None."""
+    if seconds is None:
+        return "-"
+    if seconds < 60:
+        return f"{seconds:.1f}s"
+    whole = int(seconds)
+    if whole < 3600:
+        return f"{whole // 60}m{whole % 60:02d}s"
+    return f"{whole // 3600}h{whole % 3600 // 60:02d}m"
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    return str(value)
+
+
+def table(headers: Sequence[str], rows: Iterable[Sequence[Any]], indent: str = "") -> str:
+    cells = [[_cell(v) for v in row] for row in rows]
+    widths = [len(h) for h in headers]
+    for row in cells:
+        widths = [max(w, len(c)) for w, c in zip(widths, row, strict=True)]
+    lines = [
+        indent + "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip()
+        for row in [list(headers), *cells]
+    ]
+    return "\n".join(lines)
+
+
+def _tasks(names: Sequence[str], most: int) -> str:
+    """The first ``most`` task names, then how many more (``--json`` lists them all)."""
+    if not names:
+        return "-"
+    shown = ", ".join(names[:most])
+    return shown + (f" (+{len(names) - most} more)" if len(names) > most else "")
+
+
+def _limit(row: Mapping[str, Any]) -> str:
+    """``3 (override; setting 4, code 2)``: the limit, its source, and the others known."""
+    others = []
+    if row["source"] != "setting" and row.get("setting") is not None:
+        others.append(f"setting {row['setting']}")
+    code = row.get("code")
+    if row["source"] != "code" and code is not None:
+        others.append(f"code {code}")
+    elif isinstance(code, list):
+        others.append(f"code differs by task: {', '.join(map(str, code))}")
+    extra = f"; {', '.join(others)}" if others else ""
+    return f"{_cell(row['limit'])} ({row['source']}{extra})"
+
+
+def _partition_name(part: Mapping[str, Any]) -> str:
+    name = str(part.get("name", "?"))
+    return name or "(default)"  # the core calls the default partition ""
+
+
+def _partition_line(part: Mapping[str, Any]) -> str:
+    name = _partition_name(part)
+    rest = ", ".join(
+        f"{k} {_cell(v)}"
+        for k, v in part.items()
+        if k != "name" and not isinstance(v, (list, dict))
+    )
+    return f"partition {name}: {rest}" if rest else f"partition {name}"
+
+
+def listing(rows: Sequence[Mapping[str, Any]], prefix: str) -> str:
+    if not rows:
+        return (
+            f"no semaphores known under key prefix {prefix!r} (no limited task in the app, "
+            "none registered by a worker, no state in Redis)"
+        )
+    body = []
+    for row in rows:
+        body.append(
+            [
+                row["name"],
+                _cell(row["limit"]),
+                row["source"],
+                f"{row['used']}/{_cell(row['limit'])}",
+                row["holders"],
+                row["waiting"],
+                duration(row["oldest_wait"]) if row["waiting"] else "-",
+                _tasks(row["tasks"], 2),
+            ]
+        )
+    out = [
+        table(["NAME", "LIMIT", "FROM", "IN USE", "HOLDERS", "WAITING", "OLDEST", "TASKS"], body)
+    ]
+    for row in rows:
+        for part in row["partitions"]:
+            out.append(f"  {row['name']} / {_partition_line(part)}")
+    return "\n".join(out)
+
+
+def detail(data: Mapping[str, Any]) -> str:
+    lines = [
+        f"semaphore {data['name']!r}: limit {_limit(data)}",
+        f"in use: {data['used']} of {_cell(data['limit'])} unit(s) by {data['holders']} "
+        f"holder(s); {data['waiting']} waiting"
+        + (f" (oldest {duration(data['oldest_wait'])})" if data["waiting"] else ""),
+        f"tasks: {_tasks(data['tasks'], 5)}",
+    ]
+    for part in data["partitions"]:
+        lines.append(f"  {_partition_line(part)}")
+    lines.append("")
+    holders = data["holder_list"]
+    lines.append(f"HOLDERS ({len(holders)})")
+    if holders:
+        lines.append(
+            table(
+                ["TOKEN", "TASK ID", "TASK", "HOST", "PID", "WEIGHT", "AGE", "LEASE LEFT", "FENCE"],
+                [
+                    [
+                        h["token"],
+                        h["task_id"],
+                        h["task"],
+                        h["host"],
+                        h["pid"],
+                        h["weight"],
+                        duration(h["age"]),
+                        duration(h["lease_left"]),
+                        h["fencing_token"],
+                    ]
+                    for h in holders
+                ],
+                indent="  ",
+            )
+        )
+    waiters = data["waiter_list"]
+    lines.append(f"WAITERS ({len(waiters)})")
+    if waiters:
+        lines.append(
+            table(
+                ["POS", "TASK ID", "TASK", "PARTITION", "WEIGHT", "WAITED", "HOW"],
+                [
+                    [
+                        w["position"],
+                        w["task_id"] or w["ticket"],
+                        w["task"],
+                        w["partition"] or None,
+                        w["weight"],
+                        duration(w["waited"]),
+                        "parked" if w["parked"] else "blocked",
+                    ]
+                    for w in waiters
+                ],
+                indent="  ",
+            )
+        )
+    actions = data.get("operator_actions") or []
+    if actions:
+        lines.append("RECENT OPERATOR ACTIONS")
+        lines.append(audit_lines(actions, indent="  "))
+    return "\n".join(lines)
+
+
+def explanation(r: Mapping[str, Any]) -> str:
+    if r["state"] == "holding":
+        h = r["holding"][0]
+        return (
+            f"task {r['task_id']} ({h['task'] or '?'}) holds semaphore {r['name']!r}: token "
+            f"{h['token']}, {h['weight']} unit(s), for {duration(h['age'])} on {h['host']} "
+            f"(pid {h['pid']}), lease left {duration(h['lease_left'])}.\nIt is not waiting for "
+            "this semaphore."
+        )
+    w = r["waiter"]
+    cap = r["cap"]
+    if cap["kind"] == "partition":
+        cap_text = _partition_line(cap["detail"])
+    else:
+        cap_text = f"the semaphore's limit, {_limit(r)}"
+    how = (
+        "parked (re-queued with a countdown; the release that frees its units wakes it)"
+        if w["parked"]
+        else "blocked in its worker slot (or a direct acquire), woken by the release"
+    )
+    lines = [
+        f"task {r['task_id']} ({w['task'] or '?'}) is waiting for semaphore {r['name']!r}",
+        f"  place in line: {w['position']} (0 is the head); {len(r['ahead'])} waiter(s) "
+        f"ahead need {r['ahead_units']} unit(s); it needs {w['weight']}",
+        f"  cap: {cap_text}",
+        f"  in use: {r['used']} unit(s), free now: {r['free']}; units to come free before "
+        f"its turn: {r['needed']}",
+        f"  waiting for {duration(w['waited'])}, {how}",
+    ]
+    if r["ahead"]:
+        lines.append("  ahead of it:")
+        lines.append(
+            table(
+                ["POS", "TASK ID", "TASK", "WEIGHT", "WAITED", "HOW"],
+                [
+                    [
+                        a["position"],
+                        a["task_id"] or a["ticket"],
+                        a["task"],
+                        a["weight"],
+                        duration(a["waited"]),
+                        "parked" if a["parked"] else "blocked",
+                    ]
+                    for a in r["ahead"]
+                ],
+                indent="    ",
+            )
+        )
+    if r["holders"]:
+        lines.append("  holding now:")
+        lines.append(
+            table(
+                ["TASK ID", "TASK", "HOST", "WEIGHT", "AGE", "LEASE LEFT"],
+                [
+                    [
+                        h["task_id"],
+                        h["task"],
+                        h["host"],
+                        h["weight"],
+                        duration(h["age"]),
+                        duration(h["lease_left"]),
+                    ]
+                    for h in r["holders"]
+                ],
+                indent="    ",
+            )
+        )
+    if r["estimate"] is None:
+        lines.append(f"  estimate: unknown ({r['estimate_basis']})")
+    else:
+        lines.append(
+            f"  estimate: about {duration(r['estimate'])} (rough; a hold taken as "
+            f"{duration(r['hold_estimate'])}: {r['estimate_basis']})"
+            if r["needed"]
+            else f"  estimate: now ({r['estimate_basis']})"
+        )
+    return "\n".join(lines)
+
+
+def _bar(used: int, limit: int | None, width: int = BAR_WIDTH) -> str:
+    if not limit:
+        return "[" + "?" * width + "]"
+    filled = min(width, round(width * used / limit))
+    return "[" + "#" * filled + "." * (width - filled) + "]"
+
+
+def top_frame(rows: Sequence[Mapping[str, Any]], prefix: str, interval: float) -> str:
+    stamp = time.strftime("%H:%M:%S")
+    lines = [
+        f"celery semaphore top  prefix {prefix!r}  {stamp}  (every {interval:g}s, Ctrl-C quits)"
+    ]
+    if not rows:
+        lines.append("no semaphores known")
+    width = max((len(r["name"]) for r in rows), default=4)
+    for r in rows:
+        waiting = f"{r['waiting']} waiting" + (
+            f" (oldest {duration(r['oldest_wait'])})" if r["waiting"] else ""
+        )
+        lines.append(
+            f"{r['name'].ljust(width)}  {_bar(r['used'], r['limit'])}  "
+            f"{r['used']}/{_cell(r['limit'])} in use  {waiting}  limit from {r['source']}"
+        )
+        for part in r["partitions"]:
+            used = part.get("used", 0)
+            cap = part.get("cap", part.get("limit"))
+            name = "  " + _partition_name(part)
+            bar = _bar(int(used or 0), cap if isinstance(cap, int) else None)
+            lines.append(
+                f"{name:<{width}}  {bar}  {used}/{_cell(cap)}  {part.get('waiting', 0)} waiting"
+            )
+    return "\n".join(lines)
+
+
+def audit_lines(entries: Sequence[Mapping[str, Any]], indent: str = "") -> str:
+    lines = []
+    for e in entries:
+        at = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(float(e.get("at") or 0)))
+        detail = ", ".join(f"{k}={v}" for k, v in sorted((e.get("detail") or {}).items()))
+        lines.append(
+            f"{indent}{at}  {e.get('action')} {e.get('name')!r} by {e.get('user')}@"
+            f"{e.get('host')}" + (f"  ({detail})" if detail else "")
+        )
+    return "\n".join(lines)

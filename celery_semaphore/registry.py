@@ -1,0 +1,254 @@
+"""Which semaphores exist, which tasks use them, and where each one's limit comes from.
+
+Three sources, merged by :func:`known`:
+
+1. the app itself: every task made with ``@limited`` or ``LimitedTask`` (the code limit and
+   weight), and ``semaphore_limits`` from its configuration;
+2. the registry hash in Redis, written by every worker at start (:func:`record_app`), so the
+   CLI and metrics see the semaphores of workers whose code the reader has not imported;
+3. discovery: a ``SCAN`` for semaphore state keys under the prefix (only for operator tools,
+   never on a worker's hot path), which also finds semaphores used without Celery.
+
+Registry key layout (one hash per key prefix, outside every semaphore's hash tag)::
+
+    <prefix>:registry   HASH  <semaphore name> -> JSON {
+                                  "tasks": {<task name>: {"limit": int, "weight": int}},
+                                  "setting": int | null,   # semaphore_limits[name] there
+                                  "node": str,             # the worker that wrote it last
+                                  "at": float}             # when (epoch seconds)
+
+A worker merges its tasks into the entry (a WATCH/MULTI transaction), so workers running
+different task modules add up.  Entries stay until ``celery semaphore reset NAME --forget``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import unquote
+
+__all__ = [
+    "Known",
+    "TaskUse",
+    "app_limits",
+    "app_uses",
+    "discover",
+    "forget",
+    "known",
+    "read",
+    "record",
+    "record_app",
+    "registry_key",
+]
+
+#: how many keys one SCAN call asks for
+SCAN_COUNT = 1000
+
+
+def registry_key(prefix: str) -> str:
+    return f"{prefix}:registry"
+
+
+@dataclass(frozen=True)
+class TaskUse:
+    """One task limited by a semaphore, as its code declares it."""
+
+    semaphore: str
+    task: str
+    limit: int
+    weight: int = 1
+
+
+@dataclass
+class Known:
+    """One known semaphore and the limits configured for it (the runtime override is in its
+    Redis state: see :class:`~celery_semaphore.Snapshot`)."""
+
+    name: str
+    #: task name -> (code limit, weight)
+    tasks: dict[str, tuple[int, int]] = field(default_factory=dict)
+    #: ``semaphore_limits[name]``, from the app, else as a worker recorded it
+    setting: int | None = None
+    #: the worker that recorded it last, and when (epoch seconds)
+    node: str | None = None
+    recorded_at: float | None = None
+    #: where it was found: "app", "registry", "redis"
+    found_in: set[str] = field(default_factory=set)
+
+    @property
+    def code_limits(self) -> list[int]:
+        return sorted({limit for limit, _ in self.tasks.values()})
+
+    @property
+    def configured_limit(self) -> int | None:
+        """The limit the workers use when no runtime override is set: ``semaphore_limits``,
+        else the code's (the largest, if tasks sharing the name declare different ones)."""
+        if self.setting is not None:
+            return self.setting
+        limits = self.code_limits
+        return limits[-1] if limits else None
+
+    @property
+    def configured_source(self) -> str:
+        if self.setting is not None:
+            return "setting"
+        return "code" if self.tasks else "unknown"
+
+
+# -- the app's own view -----------------------------------------------------------------------
+
+
+def app_uses(app: Any) -> list[TaskUse]:
+    """The limited tasks the app has registered (after importing its task modules)."""
+    from .decorators import spec_of
+
+    # an operator tool still works from the registry when a task module fails to import
+    with contextlib.suppress(Exception):
+        app.loader.import_default_modules()
+    uses = []
+    for task_name, task in sorted(dict(app.tasks).items()):
+        spec = spec_of(task)
+        if spec is not None:
+            uses.append(TaskUse(spec.name, task_name, spec.limit, spec.weight))
+    return uses
+
+
+def app_limits(app: Any) -> dict[str, int]:
+    """``semaphore_limits`` of the app (validated), or an empty dict."""
+    from .config import APP_SETTINGS
+
+    check = APP_SETTINGS["semaphore_limits"][1]
+    limits = check("semaphore_limits", app.conf.get("semaphore_limits", None))
+    return dict(limits or {})
+
+
+# -- the registry hash ------------------------------------------------------------------------
+
+
+def record(
+    client: Any,
+    prefix: str,
+    uses: Iterable[TaskUse],
+    *,
+    settings: Mapping[str, int] | None = None,
+    node: str = "",
+) -> list[str]:
+    """Merge ``uses`` (and the ``semaphore_limits`` in force) into the registry; return the
+    semaphore names written."""
+    by_name: dict[str, list[TaskUse]] = {}
+    for use in uses:
+        by_name.setdefault(use.semaphore, []).append(use)
+    key = registry_key(prefix)
+    now = time.time()
+
+    def merge(pipe: Any) -> None:
+        current = pipe.hmget(key, list(by_name)) if by_name else []
+        pipe.multi()
+        for (name, entries), raw in zip(by_name.items(), current, strict=True):
+            entry = _decode(raw)
+            tasks = dict(entry.get("tasks") or {})
+            for use in entries:
+                tasks[use.task] = {"limit": use.limit, "weight": use.weight}
+            value = {
+                "tasks": tasks,
+                "setting": (settings or {}).get(name),
+                "node": node,
+                "at": now,
+            }
+            pipe.hset(key, name, json.dumps(value, sort_keys=True))
+
+    if by_name:
+        client.transaction(merge, key)
+    return sorted(by_name)
+
+
+def record_app(app: Any, client: Any, prefix: str, node: str = "") -> list[str]:
+    """Record every limited task of ``app`` (what a worker does at start)."""
+    return record(client, prefix, app_uses(app), settings=app_limits(app), node=node)
+
+
+def read(client: Any, prefix: str) -> dict[str, Known]:
+    """The registry as :class:`Known` entries, by name."""
+    out: dict[str, Known] = {}
+    for raw_name, raw in client.hgetall(registry_key(prefix)).items():
+        name = _text(raw_name)
+        entry = _decode(raw)
+        tasks: dict[str, tuple[int, int]] = {}
+        for task, use in (entry.get("tasks") or {}).items():
+            if isinstance(use, Mapping) and isinstance(use.get("limit"), int):
+                tasks[str(task)] = (int(use["limit"]), int(use.get("weight") or 1))
+        setting = entry.get("setting")
+        at = entry.get("at")
+        out[name] = Known(
+            name,
+            tasks,
+            setting if isinstance(setting, int) else None,
+            str(entry.get("node") or "") or None,
+            float(at) if isinstance(at, (int, float)) else None,
+            {"registry"},
+        )
+    return out
+
+
+def forget(client: Any, prefix: str, name: str) -> bool:
+    """Remove ``name`` from the registry; True if it was there."""
+    return bool(client.hdel(registry_key(prefix), name))
+
+
+# -- discovery --------------------------------------------------------------------------------
+
+
+def discover(client: Any, prefix: str) -> set[str]:
+    """Names of the semaphores with state in Redis under ``prefix`` (a SCAN: operator tools
+    only).  Names too long to be readable in their key (hashed, see :mod:`.keys`) are left
+    out unless another source knows them."""
+    pattern = f"{_glob_escape(prefix)}:{{*}}:state"
+    head, tail = len(prefix) + 2, len("}:state")
+    names = set()
+    for raw in client.scan_iter(match=pattern, count=SCAN_COUNT):
+        tag = _text(raw)[head:-tail]
+        if "}" in tag or "{" in tag or "~" in tag:
+            continue
+        names.add(unquote(tag, encoding="utf-8", errors="strict"))
+    return names
+
+
+def known(
+    client: Any, prefix: str, app: Any | None = None, *, scan: bool = True
+) -> dict[str, Known]:
+    """Every known semaphore, by name: from the app, the registry and (``scan``) Redis."""
+    out = read(client, prefix)
+    if app is not None:
+        for use in app_uses(app):
+            entry = out.setdefault(use.semaphore, Known(use.semaphore))
+            entry.tasks[use.task] = (use.limit, use.weight)
+            entry.found_in.add("app")
+        for name, limit in app_limits(app).items():
+            if name in out:
+                out[name].setting = limit
+    if scan:
+        for name in discover(client, prefix):
+            out.setdefault(name, Known(name)).found_in.add("redis")
+    return dict(sorted(out.items()))
+
+
+def _decode(raw: Any) -> dict[str, Any]:
+    if not raw:
+        return {}
+    try:
+        value = json.loads(raw)
+    except (TypeError, ValueError):
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
+def _text(value: Any) -> str:
+    return value.decode("utf-8") if isinstance(value, bytes) else str(value)
+
+
+def _glob_escape(text: str) -> str:
+    return "".join("\\" + ch if ch in "*?[]\\" else ch for ch in text)

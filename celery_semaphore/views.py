@@ -1,0 +1,223 @@
+"""What the operator tools show: a semaphore's state as plain, JSON-ready dicts.
+
+The CLI (:mod:`celery_semaphore.cli`) renders these as text or prints them with ``--json``;
+the metrics collector (:mod:`celery_semaphore.metrics`) reads the same summaries.  Everything
+is read through the core's public inspection API (:meth:`Semaphore.inspect`), one round trip
+per semaphore, on the Redis server's clock.
+
+Partitions (per-queue shares) are shown when the core reports them
+(``Snapshot.partitions``, ``HolderInfo.partition``, ``WaiterInfo.partition``); until then the
+fields are empty.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any
+
+from .registry import Known
+from .semaphore import HolderInfo, Semaphore, Snapshot, WaiterInfo
+
+__all__ = [
+    "detail",
+    "explain",
+    "find_task",
+    "limit_info",
+    "semaphore_for_known",
+    "summary",
+]
+
+
+def semaphore_for_known(client: Any, prefix: str, entry: Known) -> Semaphore:
+    """A Semaphore object to read (or operate on) ``entry``.  Its limit is the configured one
+    (a runtime override in Redis wins anyway); 1 when nothing is known."""
+    return Semaphore(entry.name, entry.configured_limit or 1, redis=client, key_prefix=prefix)
+
+
+def limit_info(entry: Known, snap: Snapshot) -> dict[str, Any]:
+    """The limit in force and where it comes from: runtime override, setting or code."""
+    code = entry.code_limits
+    if snap.limit_override is not None:
+        limit: int | None = snap.limit_override
+        source = "override"
+    else:
+        limit, source = entry.configured_limit, entry.configured_source
+    return {
+        "limit": limit,
+        "source": source,
+        "override": snap.limit_override,
+        "setting": entry.setting,
+        "code": code[0] if len(code) == 1 else (code or None),
+    }
+
+
+def _plain(value: Any) -> Any:
+    """Dataclasses and mappings (partition records) as plain dicts."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {k: _plain(v) for k, v in dataclasses.asdict(value).items()}
+    if isinstance(value, Mapping):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return value
+
+
+def _partitions(snap: Snapshot) -> list[dict[str, Any]]:
+    """The core's partition records (name, used, waiters, cap, weight) as dicts, with
+    ``waiters`` renamed ``waiting`` like the semaphore's own count."""
+    parts = getattr(snap, "partitions", None) or []
+    if isinstance(parts, Mapping):
+        records = [{"name": k, **_plain(v)} for k, v in parts.items()]
+    else:
+        records = [dict(_plain(p)) for p in parts]
+    for record in records:
+        if "waiters" in record and "waiting" not in record:
+            record["waiting"] = record.pop("waiters")
+    return records
+
+
+def summary(entry: Known, snap: Snapshot) -> dict[str, Any]:
+    """One line of ``list`` / ``top``: limit and source, units in use, holders, waiters."""
+    info = limit_info(entry, snap)
+    oldest = max((snap.server_time - w.waiting_since for w in snap.waiters), default=0.0)
+    return {
+        "name": entry.name,
+        **info,
+        "used": snap.used,
+        "available": max(0, (info["limit"] or 0) - snap.used),
+        "holders": len(snap.holders),
+        "waiting": len(snap.waiters),
+        "oldest_wait": round(oldest, 3),
+        "tasks": sorted(entry.tasks),
+        "partitions": _partitions(snap),
+        "found_in": sorted(entry.found_in),
+        "recorded_by": entry.node,
+        "recorded_at": entry.recorded_at,
+    }
+
+
+def _holder(h: HolderInfo, now: float) -> dict[str, Any]:
+    owner = h.owner
+    return {
+        "token": h.token,
+        "task_id": owner.get("task_id"),
+        "task": owner.get("task"),
+        "host": owner.get("host") or owner.get("machine"),
+        "pid": owner.get("pid"),
+        "weight": h.weight,
+        "age": round(now - h.acquired_at, 3),
+        "lease_left": round(h.lease_remaining, 3),
+        "fencing_token": h.fencing_token,
+        "partition": getattr(h, "partition", None),
+    }
+
+
+def _waiter(w: WaiterInfo, now: float) -> dict[str, Any]:
+    owner = w.owner
+    return {
+        "position": w.position,
+        "ticket": w.ticket,
+        "task_id": owner.get("task_id"),
+        "task": owner.get("task"),
+        "host": owner.get("host") or owner.get("machine"),
+        "weight": w.weight,
+        "waited": round(now - w.waiting_since, 3),
+        "parked": w.parked,
+        "place_left": round(w.place_remaining, 3),
+        "partition": getattr(w, "partition", None),
+    }
+
+
+def detail(entry: Known, snap: Snapshot) -> dict[str, Any]:
+    """``show NAME``: the summary plus every holder and waiter."""
+    now = snap.server_time
+    return {
+        **summary(entry, snap),
+        "server_time": now,
+        "holder_list": [_holder(h, now) for h in snap.holders],
+        "waiter_list": [_waiter(w, now) for w in snap.waiters],
+    }
+
+
+def find_task(snap: Snapshot, task_id: str) -> tuple[list[HolderInfo], list[WaiterInfo]]:
+    """The holders and waiters of ``snap`` whose owner is task ``task_id``."""
+    return (
+        [h for h in snap.holders if h.owner.get("task_id") == task_id],
+        [w for w in snap.waiters if w.owner.get("task_id") == task_id],
+    )
+
+
+def _hold_estimate(snap: Snapshot) -> tuple[float | None, str]:
+    """Seconds a permit is typically held, and how that was found."""
+    recent = getattr(snap, "hold_time_avg", None)
+    if isinstance(recent, (int, float)) and recent > 0:
+        return float(recent), "the average hold time of recent releases"
+    ages = [snap.server_time - h.acquired_at for h in snap.holders]
+    if not ages:
+        return None, "no holder to estimate from"
+    # A holder seen mid-way has run about half its hold on average (for holds of similar
+    # length), so twice the mean age is the guess; no release history is kept yet.
+    return 2 * sum(ages) / len(ages), (
+        "twice the current holders' mean age (no hold-time history is available)"
+    )
+
+
+def explain(entry: Known, snap: Snapshot, task_id: str) -> dict[str, Any] | None:
+    """Why task ``task_id`` is (not) running on this semaphore; None if it is not there."""
+    held, waiting = find_task(snap, task_id)
+    if not held and not waiting:
+        return None
+    now = snap.server_time
+    info = limit_info(entry, snap)
+    out: dict[str, Any] = {"name": entry.name, "task_id": task_id, **info, "used": snap.used}
+    if held:
+        out.update(state="holding", holding=[_holder(h, now) for h in held])
+        return out
+    me = waiting[0]
+    # positions count within the waiter's partition (one line when there are none)
+    mine = getattr(me, "partition", None)
+    ahead = [
+        w
+        for w in snap.waiters
+        if w.position < me.position and getattr(w, "partition", None) == mine
+    ]
+    ahead_units = sum(w.weight for w in ahead)
+    limit = info["limit"] or 0
+    free = max(0, limit - snap.used)
+    # units that must come free (be released) before this task's turn
+    needed = max(0, ahead_units + me.weight - free)
+    hold, basis = _hold_estimate(snap)
+    if needed == 0:
+        estimate: float | None = 0.0
+        basis = "its units are free now: it runs as soon as it is woken or its copy arrives"
+    elif hold is None or limit <= 0:
+        estimate = None
+    else:
+        estimate = needed * hold / limit  # `limit` units turn over every `hold` seconds
+    out.update(
+        state="waiting",
+        waiter=_waiter(me, now),
+        ahead=[_waiter(w, now) for w in ahead],
+        ahead_units=ahead_units,
+        free=free,
+        needed=needed,
+        cap=_cap(snap, me, info),
+        holders=[_holder(h, now) for h in snap.holders],
+        estimate=None if estimate is None else round(estimate, 1),
+        estimate_basis=basis,
+        hold_estimate=None if hold is None else round(hold, 3),
+    )
+    return out
+
+
+def _cap(snap: Snapshot, me: WaiterInfo, info: Mapping[str, Any]) -> dict[str, Any]:
+    """The cap that applies: the partition's when the core reports a capped partition or
+    several partitions (a share of the limit), else the limit."""
+    partition = getattr(me, "partition", None)
+    parts = _partitions(snap)
+    if partition is not None:
+        for part in parts:
+            if part.get("name") == partition and (part.get("cap") is not None or len(parts) > 1):
+                return {"kind": "partition", "partition": partition, "detail": part}
+    return {"kind": "limit", "limit": info["limit"], "source": info["source"]}

@@ -1,0 +1,107 @@
+"""What the ops layer does when a worker starts (called from :mod:`celery_semaphore.signals`).
+
+* Record the worker's limited tasks in the registry (:mod:`celery_semaphore.registry`), so
+  ``celery semaphore list`` and the metrics know every semaphore in use.  Best effort: a Redis
+  that is down at start is logged, and the worker starts anyway.
+* With ``semaphore_metrics_port`` set: count events in this process and its pool children,
+  and serve ``/metrics`` from the main process once the worker is ready.  On the prefork pool
+  the children's counters reach the exporter through prometheus_client's multiprocess mode;
+  when ``PROMETHEUS_MULTIPROC_DIR`` is not set, a fresh directory is made for this worker (and
+  removed when it exits).
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import shutil
+import sys
+import tempfile
+from typing import Any
+
+__all__ = ["on_worker_init"]
+
+log = logging.getLogger("celery_semaphore.registry")
+log_metrics = logging.getLogger("celery_semaphore.metrics")
+
+
+def on_worker_init(app: Any, worker: Any = None) -> None:
+    """Record the semaphores and set up metrics; raise ValueError for a configuration that
+    cannot work (the metrics extra missing)."""
+    port = app.conf.get("semaphore_metrics_port", None)
+    if port is not None:
+        _prepare_metrics(app, port, str(app.conf.get("semaphore_metrics_address", "0.0.0.0")))
+    _record(app, worker)
+
+
+def _record(app: Any, worker: Any) -> None:
+    import redis
+
+    from . import config, registry
+
+    try:
+        uses = registry.app_uses(app)
+        if not uses:
+            return
+        prefix = app.conf.get("semaphore_key_prefix", "celery_semaphore")
+        node = str(getattr(worker, "hostname", "") or "")
+        client = redis.Redis.from_url(
+            config.redis_url_for(app.conf), socket_connect_timeout=3, socket_timeout=5
+        )
+        try:
+            registry.record(client, prefix, uses, settings=registry.app_limits(app), node=node)
+        finally:
+            client.close()
+    except Exception as exc:
+        log.warning("celery-semaphore: could not record this worker's semaphores: %s", exc)
+
+
+def _prepare_metrics(app: Any, port: int, address: str) -> None:
+    _ensure_multiprocess_dir()
+    try:
+        from . import metrics
+    except ImportError as exc:
+        raise ValueError(
+            f"semaphore_metrics_port={port!r} needs prometheus_client: "
+            "pip install 'celery-semaphore[prometheus]'"
+        ) from exc
+    metrics.enable()
+    from celery import signals
+
+    def start(sender: Any = None, **_: Any) -> None:
+        signals.worker_ready.disconnect(start)
+        try:
+            metrics.start_exporter(app, port=port, address=address)
+        except Exception as exc:  # no metrics is no reason to stop processing tasks
+            log_metrics.error(
+                "celery-semaphore: cannot serve metrics on %s:%d (semaphore_metrics_port): %s",
+                address,
+                port,
+                exc,
+            )
+
+    signals.worker_ready.connect(start, weak=False)
+
+
+def _ensure_multiprocess_dir() -> None:
+    """Turn on prometheus_client's multiprocess mode for this worker and its children."""
+    if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        return
+    if "prometheus_client.values" in sys.modules:
+        # the value class is chosen when prometheus_client is imported: too late now
+        log_metrics.warning(
+            "celery-semaphore: prometheus_client was imported before the worker started and "
+            "PROMETHEUS_MULTIPROC_DIR is not set: counters of prefork pool processes will not "
+            "be exported; set PROMETHEUS_MULTIPROC_DIR to an empty directory"
+        )
+        return
+    directory = tempfile.mkdtemp(prefix="celery-semaphore-metrics-")
+    os.environ["PROMETHEUS_MULTIPROC_DIR"] = directory
+    owner = os.getpid()
+
+    def cleanup() -> None:
+        if os.getpid() == owner:
+            shutil.rmtree(directory, ignore_errors=True)
+
+    atexit.register(cleanup)
