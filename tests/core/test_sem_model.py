@@ -393,7 +393,7 @@ class SemaphoreMachine(RuleBasedStateMachine):
         assert int(raw or 0) == self.model.used + self.unreclaimed
         if not self.pending:
             # no partition record outlives its partition's holders and waiters
-            fields = {f.decode() for f in self.client.hkeys(self.sem.keys.state)}
+            fields = {_str(f) for f in self.client.hkeys(self.sem.keys.state)}
             records = {f[2:] for f in fields if f.startswith("p:")}
             assert records == set(self.model.records), (records, self.model)
             assert int(self.client.hget(self.sem.keys.state, "pused") or 0) == sum(
@@ -427,3 +427,7 @@ def test_semaphore_matches_model(redis_client: redis.Redis, key_prefix: str, agi
             suppress_health_check=[HealthCheck.too_slow],
         ),
     )
+
+
+def _str(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
