@@ -713,7 +713,9 @@ def _hold(
             "task %s released its permit after %.3fs%s",
             task.name,
             clock.monotonic() - held_since,
-            "" if held else " (it was already gone: lost, reclaimed or force-released)",
+            " (its lease had been lost)"
+            if permit.lost
+            else ("" if held else " (it was already gone: reclaimed or force-released)"),
             semaphore=sem.name,
             task_id=task.request.id,
         )
