@@ -26,7 +26,6 @@ A granted permit's token is its ticket.
 from __future__ import annotations
 
 import json
-import logging
 import os
 import socket
 import threading
@@ -40,7 +39,7 @@ from typing import Any, TypeVar
 import redis as redis_lib
 from redis.exceptions import RedisError, ResponseError
 
-from . import _validate, clock
+from . import _validate, clock, logs
 from ._scripts import ScriptSet
 from .exceptions import (
     SemaphoreBackendError,
@@ -61,7 +60,7 @@ __all__ = [
     "WaiterInfo",
 ]
 
-log = logging.getLogger("celery_semaphore.semaphore")
+log = logs.get("semaphore")
 
 DEFAULT_URL = "redis://localhost:6379/0"
 #: How long a released token is remembered, so a re-sent release reports success.
@@ -433,7 +432,9 @@ class Semaphore:
                     try:
                         self.on_wake(ticket, data)
                     except Exception:
-                        log.exception("semaphore %r: on_wake failed for %s", self.name, ticket)
+                        log.exception(
+                            "on_wake failed for %s", ticket, semaphore=self.name, task_id=None
+                        )
             else:
                 blocked.append(ticket)
         if not blocked:
@@ -447,7 +448,9 @@ class Semaphore:
                 pipe.expire(key, ttl)
             pipe.execute()
         except RedisError as exc:
-            log.warning("semaphore %r: wake-up failed (%s); waiters will poll", self.name, exc)
+            log.warning(
+                "wake-up failed (%s); waiters will poll", exc, semaphore=self.name, task_id=None
+            )
 
     def _blocking_place_ttl(self) -> float:
         return max(2.0, 3 * self.poll_interval)
@@ -760,7 +763,7 @@ class Semaphore:
         except (RedisError, SemaphoreError) as exc:
             # best effort: never let a cleanup failure replace the exception (or result) of
             # the wait itself
-            log.warning("semaphore %r: cleanup after waiting failed: %s", self.name, exc)
+            log.warning("cleanup after waiting failed: %s", exc, semaphore=self.name, task_id=None)
 
     @contextmanager
     def hold(

@@ -13,17 +13,18 @@
 from __future__ import annotations
 
 import atexit
-import logging
 import os
 import shutil
 import sys
 import tempfile
 from typing import Any
 
+from . import logs
+
 __all__ = ["on_worker_init"]
 
-log = logging.getLogger("celery_semaphore.registry")
-log_metrics = logging.getLogger("celery_semaphore.metrics")
+log = logs.get("registry")
+log_metrics = logs.get("metrics")
 
 
 def on_worker_init(app: Any, worker: Any = None) -> None:
@@ -54,7 +55,12 @@ def _record(app: Any, worker: Any) -> None:
         finally:
             client.close()
     except Exception as exc:
-        log.warning("celery-semaphore: could not record this worker's semaphores: %s", exc)
+        log.warning(
+            "celery-semaphore: could not record this worker's semaphores: %s",
+            exc,
+            semaphore=None,
+            task_id=None,
+        )
 
 
 def _prepare_metrics(app: Any, port: int, address: str) -> None:
@@ -79,6 +85,8 @@ def _prepare_metrics(app: Any, port: int, address: str) -> None:
                 address,
                 port,
                 exc,
+                semaphore=None,
+                task_id=None,
             )
 
     signals.worker_ready.connect(start, weak=False)
@@ -93,7 +101,9 @@ def _ensure_multiprocess_dir() -> None:
         log_metrics.warning(
             "celery-semaphore: prometheus_client was imported before the worker started and "
             "PROMETHEUS_MULTIPROC_DIR is not set: counters of prefork pool processes will not "
-            "be exported; set PROMETHEUS_MULTIPROC_DIR to an empty directory"
+            "be exported; set PROMETHEUS_MULTIPROC_DIR to an empty directory",
+            semaphore=None,
+            task_id=None,
         )
         return
     directory = tempfile.mkdtemp(prefix="celery-semaphore-metrics-")
