@@ -332,18 +332,15 @@ def redis_sentinel(timeout: float = 60.0) -> Iterator[SentinelSetup]:
         def replica_known() -> bool:
             client = setup.sentinel()
             try:
-                replicas = client.execute_command(  # type: ignore[no-untyped-call]
-                    "SENTINEL", "REPLICAS", MASTER_NAME
-                )
+                replicas = client.sentinel_slaves(MASTER_NAME)
             finally:
                 client.close()
-            for entry in replicas:
-                fields = dict(zip(entry[::2], entry[1::2], strict=False))
-                if int(fields.get("port", 0)) == replica_port and "s_down" not in fields.get(
-                    "flags", ""
-                ):
-                    return fields.get("master-link-status") == "ok"
-            return False
+            return any(
+                int(r.get("port", 0)) == replica_port
+                and not r.get("is_sdown")
+                and r.get("master-link-status") == "ok"
+                for r in replicas
+            )
 
         wait_for(replica_known, timeout, "the sentinel knows the replica", interval=0.2)
         yield setup
