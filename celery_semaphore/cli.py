@@ -283,12 +283,20 @@ def set_limit(ctx: click.Context, /, name: str, limit: int | None, clear: bool, 
 @click.argument("name")
 @click.argument("token", required=False)
 @click.option("--task-id", default=None, help="Release the permit(s) held by this task.")
+@click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
 @click.pass_context
 @_handle_errors
 def release(
-    ctx: click.Context, /, name: str, token: str | None, task_id: str | None, **_: Any
+    ctx: click.Context,
+    /,
+    name: str,
+    token: str | None,
+    task_id: str | None,
+    yes: bool,
+    **_: Any,
 ) -> None:
-    """Force the release of a permit of NAME, by TOKEN or --task-id (logged, with who did it).
+    """Force the release of a permit of NAME, by TOKEN or --task-id (asks first unless --yes;
+    logged, with who did it).
 
     The task itself keeps running: its heartbeat then reports the permit lost."""
     from . import audit, views
@@ -309,6 +317,18 @@ def release(
         )
     if not targets:
         _fail(f"{missing}; see `celery semaphore show {name}`")
+    if not yes:
+        units = sum(h.weight for h in targets)
+        question = (
+            f"Force-release {len(targets)} permit(s) ({units} unit(s)) of semaphore {name!r}? "
+            "Their tasks keep running, so the semaphore may run over its limit until they end"
+        )
+        try:
+            confirmed = click.confirm(question, default=False)
+        except click.Abort:
+            confirmed = False
+        if not confirmed:
+            _fail("release cancelled (use --yes to skip the question)", EXIT_CANCELLED)
     for holder in targets:
         released = sem.release_token(holder.token)
         audit.record(
