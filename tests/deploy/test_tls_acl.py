@@ -20,6 +20,8 @@ from celery_semaphore.config import redis_settings
 from celery_semaphore.connection import check, redis_client
 from celery_semaphore.testing import RedisServer
 from tests.conftest import delete_prefix
+from tests.integration import proj
+from tests.integration.helpers import max_inside, ran
 from tests.integration.workers import Env, start_worker
 
 from .servers import TlsServer, redis_tls
@@ -34,9 +36,19 @@ PREFIX = "cstls"
 def tls() -> Iterator[TlsServer]:
     with redis_tls(auth_clients=False) as server:
         admin = redis_client(server.url(), options={"ssl_ca_certs": str(server.files.ca)})
-        # an application user that may only touch keys under its prefix
+        # the application user of docs/recipes.md: only keys under its prefix, no admin or
+        # dangerous commands
         admin.execute_command(
-            "ACL", "SETUSER", "app", "on", f">{PASSWORD}", f"~{PREFIX}:*", "+@all", "-@admin"
+            "ACL",
+            "SETUSER",
+            "app",
+            "on",
+            f">{PASSWORD}",
+            f"~{PREFIX}:*",
+            "resetchannels",
+            "+@all",
+            "-@admin",
+            "-@dangerous",
         )
         admin.close()
         yield server
@@ -179,3 +191,56 @@ def test_worker_with_a_wrong_password_stops_with_one_line(
         delete_prefix(client, env.prefix)
         client.delete(env.queue)
         client.close()
+
+
+def test_worker_round_trip_over_tls_as_a_confined_acl_user(
+    tls: TlsServer, redis_server: RedisServer
+) -> None:
+    url = redis_server.url(0)
+    env = Env(redis_url=url, broker_url=url, limit=2)
+    admin = redis_client(tls.url(), options={"ssl_ca_certs": str(tls.files.ca)})
+    user = f"worker-{env.prefix}"
+    admin.execute_command(
+        "ACL",
+        "SETUSER",
+        user,
+        "on",
+        f">{PASSWORD}",
+        f"~{env.prefix}:*",
+        "resetchannels",
+        "+@all",
+        "-@admin",
+        "-@dangerous",
+    )
+    env.extra = {
+        "semaphore_redis_url": tls.url(user, PASSWORD),
+        "semaphore_redis_options": {"ssl_ca_certs": str(tls.files.ca)},
+    }
+    node = start_worker(env, concurrency=3, name="tls")
+    try:
+        app = env.client_app()
+        results = [app.send_task(proj.work.name, (f"s{i}", 0.1)) for i in range(8)]
+        assert [r.get(timeout=60) for r in results] == [f"s{i}" for i in range(8)]
+        app.close()
+        assert max_inside(env) == env.limit
+        assert sorted(ran(env)) == sorted(f"s{i}" for i in range(8))
+        sem = Semaphore("main", env.limit, redis=admin, key_prefix=env.prefix)
+        assert int(admin.hget(sem.keys.state, "fence") or 0) >= 8  # granted on the TLS server
+        assert sem.inspect().holders == []
+        # the ACL refuses any key outside the prefix (NOPERM): the semaphore, the registry
+        # and the gate's wake lists all live under it, or the log would show the refusal
+        problems = [
+            line
+            for line in node.log().splitlines()
+            if "WARNING/" in line or "ERROR/" in line or "CRITICAL/" in line
+        ]
+        assert problems == []
+    finally:
+        node.stop()
+        delete_prefix(admin, env.prefix)
+        admin.execute_command("ACL", "DELUSER", user)
+        admin.close()
+        local = redis_server.client(0)
+        delete_prefix(local, env.prefix)
+        local.delete(env.queue)
+        local.close()
