@@ -124,3 +124,28 @@ def test_options_reference_matches_the_code() -> None:
     assert attrs <= {f"semaphore_{name}" for name in [*config.OPTIONS, "weight"]} | {
         "semaphore_limits"
     }
+
+
+@pytest.mark.parametrize(
+    "needle", ["semaphore_redis_cluster=True", '"master_name": "mymaster"', "rediss://celery-app"]
+)
+def test_deployment_recipes_are_settings_a_worker_accepts(
+    needle: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The Redis Cluster, Sentinel and TLS recipes: exactly what a worker checks at start
+    (their certificate files are the reader's, so only the TLS files' existence is assumed)."""
+    from celery_semaphore import connection
+
+    app = _exec_app_block(_block_with("recipes.md", needle))
+    monkeypatch.setattr(connection.os.path, "isfile", lambda path: True)
+    config.validate_app_settings(app.conf, None)
+    settings = config.redis_settings(app.conf)
+    assert settings.url == app.conf.semaphore_redis_url
+
+
+def test_the_acl_recipe_is_the_rule_the_tls_test_runs_a_worker_with() -> None:
+    recipe = (ROOT / "docs" / "recipes.md").read_text()
+    rule = "resetchannels +@all -@admin -@dangerous"
+    assert f"ACL SETUSER celery-app on >app-password ~celery_semaphore:* {rule}" in recipe
+    test = (ROOT / "tests" / "deploy" / "test_tls_acl.py").read_text()
+    assert '"resetchannels",\n        "+@all",\n        "-@admin",\n        "-@dangerous",' in test
