@@ -134,10 +134,8 @@ def test_deployment_recipes_are_settings_a_worker_accepts(
 ) -> None:
     """The Redis Cluster, Sentinel and TLS recipes: exactly what a worker checks at start
     (their certificate files are the reader's, so only the TLS files' existence is assumed)."""
-    from celery_semaphore import connection
-
     app = _exec_app_block(_block_with("recipes.md", needle))
-    monkeypatch.setattr(connection.os.path, "isfile", lambda path: True)
+    monkeypatch.setattr("os.path.isfile", lambda path: True)
     config.validate_app_settings(app.conf, None)
     settings = config.redis_settings(app.conf)
     assert settings.url == app.conf.semaphore_redis_url
