@@ -266,7 +266,7 @@ def redis_client(
     """A new redis-py client (``Redis``, ``RedisCluster``, or a Sentinel-managed ``Redis``
     following the current master) for ``url``.
 
-    ``options`` (checked by :func:`validate_options`) win over ``overrides``, which win over
+    ``options`` (checked as a worker checks them at start) win over ``overrides``, which win over
     :data:`WORKER_DEFAULTS`.  Raises ValueError or TypeError for a bad configuration; nothing
     connects until the first command.
     """
