@@ -355,7 +355,10 @@ def _is_config_error(exc: BaseException) -> bool:
     text = f"{exc} {exc.__cause__ or ''} {exc.__context__ or ''}"
     if isinstance(exc, ResponseError):
         return any(code in text for code in ("NOAUTH", "WRONGPASS", "NOPERM"))
-    return any(mark in text for mark in ("SSL", "certificate", "CERTIFICATE"))
+    # a TLS failure shows as an ssl error, or (TLS 1.3: the server refuses a client
+    # certificate after the handshake) as an EOF reported by the ssl module ("_ssl.c")
+    lowered = text.lower()
+    return "ssl" in lowered or "certificate" in lowered
 
 
 def check(url: str, *, cluster: bool = False, options: Mapping[str, Any] | None = None) -> None:
