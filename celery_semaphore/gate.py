@@ -483,7 +483,7 @@ class Gate:
     def _client(self) -> Any:
         from .runtime import client_for
 
-        return client_for(config.redis_url_for(self.app.conf))
+        return client_for(config.redis_url_for(self.app.conf), self.app.conf)
 
     def _take_wakes(self, client: Any, wait: float) -> list[str]:
         found = client.blpop([self.key], timeout=wait)

@@ -448,7 +448,10 @@ class SemaphoreGroup:
                 self.client.delete(*wake_keys)
         except (RedisError, SemaphoreError) as exc:
             log.warning(
-                "semaphore group %r: cleanup after waiting failed: %s", list(self.names), exc
+                "cleanup after waiting failed: %s",
+                exc,
+                semaphore="+".join(self.names),
+                task_id=None,
             )
 
     def acquire(

@@ -178,11 +178,12 @@ class SemaphoreCollector(Collector):
     """
 
     def __init__(self, app: Any, *, scan: bool = False) -> None:
-        from .config import redis_url_for
+        from .config import redis_settings
 
         self.app = app
         self.scan = scan
-        self.url = redis_url_for(app.conf)
+        self.redis = redis_settings(app.conf)
+        self.url = self.redis.url
         self.prefix = str(app.conf.get("semaphore_key_prefix", "celery_semaphore"))
         self._client: Any = None
         self._known: dict[str, Any] = {}
@@ -195,12 +196,15 @@ class SemaphoreCollector(Collector):
 
     def _redis(self) -> Any:
         if self._client is None:
-            import redis
-            from redis.backoff import NoBackoff
-            from redis.retry import Retry
+            from .connection import redis_client
 
-            self._client = redis.Redis.from_url(
-                self.url, socket_connect_timeout=3, socket_timeout=5, retry=Retry(NoBackoff(), 1)
+            self._client = redis_client(
+                self.url,
+                cluster=self.redis.cluster,
+                options=self.redis.options,
+                socket_connect_timeout=3,
+                socket_timeout=5,
+                retries=1,
             )
         return self._client
 

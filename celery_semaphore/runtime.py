@@ -43,7 +43,7 @@ from typing import Any, NoReturn, TypeVar
 
 from kombu.utils import json as kombu_json
 
-from . import clock, config, events, logs
+from . import clock, config, connection, events, logs
 from .exceptions import LeaseLost, SemaphoreBackendError, SemaphoreError, SemaphoreTimeout
 from .heartbeat import heartbeat
 from .semaphore import Attempt, AttemptStatus, Permit, Semaphore
@@ -147,19 +147,23 @@ class WaitState:
 # -- per-process semaphore objects -----------------------------------------------------------
 
 _cache_lock = threading.Lock()
-_clients: dict[tuple[int, str], Any] = {}
+_clients: dict[tuple[int, str, int], Any] = {}
 _semaphores: dict[tuple[Any, ...], Semaphore] = {}
 
 
-def client_for(url: str) -> Any:
-    """This process's redis-py client for ``url`` (one connection pool per process)."""
-    import redis
-
-    key = (os.getpid(), url)
+def client_for(url: str, conf: Any = None) -> Any:
+    """This process's redis-py client for ``url`` (one connection pool per process), made by
+    :mod:`.connection` with ``conf``'s ``semaphore_redis_cluster`` and ``_options``."""
+    key = (os.getpid(), url, id(conf))
     with _cache_lock:
         client = _clients.get(key)
         if client is None:
-            client = _clients[key] = redis.Redis.from_url(url)
+            if conf is None:
+                client = connection.redis_client(url)
+            else:
+                s = config.redis_settings(conf)
+                client = connection.redis_client(s.url, cluster=s.cluster, options=s.options)
+            _clients[key] = client
         return client
 
 
@@ -174,7 +178,7 @@ def semaphore_for(app: Any, name: str, limit: int, lease_ttl: float) -> Semaphor
         sem = Semaphore(
             name,
             limit,
-            redis=client_for(url),
+            redis=client_for(url, conf),
             lease_ttl=lease_ttl,
             key_prefix=prefix,
             on_wake=_Redispatcher(app, name),
@@ -202,7 +206,7 @@ class _Redispatcher:
             if gate is not None and gate.pid == os.getpid():
                 gate.wake(ticket)
                 return
-            client = client_for(config.redis_url_for(self.app.conf))
+            client = client_for(config.redis_url_for(self.app.conf), self.app.conf)
             pipe = client.pipeline(transaction=False)
             pipe.rpush(key, ticket)
             pipe.expire(key, GATE_WAKE_TTL)

@@ -39,7 +39,7 @@ from typing import Any, TypeVar
 import redis as redis_lib
 from redis.exceptions import RedisError, ResponseError
 
-from . import _validate, clock, logs
+from . import _validate, clock, connection, logs
 from ._scripts import ScriptSet
 from .exceptions import (
     SemaphoreBackendError,
@@ -352,7 +352,7 @@ class Semaphore:
         if self._client is None:
             with self._init_lock:
                 if self._client is None:
-                    self._client = redis_lib.Redis.from_url(self._url or DEFAULT_URL)
+                    self._client = connection.redis_client(self._url or DEFAULT_URL)
         return self._client
 
     def _run(self, operation: str, args: list[Any]) -> list[Any]:
@@ -386,7 +386,8 @@ class Semaphore:
         """The SemaphoreError for a redis-py error of one of our calls."""
         if not isinstance(exc, ResponseError):
             return SemaphoreBackendError(
-                f"semaphore {self.name!r}: Redis failed: {type(exc).__name__}: {exc}",
+                f"semaphore {self.name!r}: Redis at {self._where()} failed: "
+                f"{type(exc).__name__}: {exc}",
                 name=self.name,
             )
         if "WRONGTYPE" in str(exc):
@@ -398,6 +399,12 @@ class Semaphore:
         return SemaphoreBackendError(
             f"semaphore {self.name!r}: Redis refused the command: {exc}", name=self.name
         )
+
+    def _where(self) -> str:
+        """Where the client points, without a password (for error messages)."""
+        if self._url is not None:
+            return connection.safe_url(self._url)
+        return connection.describe_client(self._client)
 
     def _state_error(self) -> SemaphoreStateError | None:
         """A SemaphoreStateError naming the first of our keys that holds a foreign type, or

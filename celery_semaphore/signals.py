@@ -16,7 +16,7 @@ from typing import Any
 
 from celery import signals
 
-from . import config, events, logs, worker_hooks
+from . import config, connection, events, logs, worker_hooks
 from .decorators import spec_of
 from .exceptions import SemaphoreError
 from .runtime import handled_here, semaphore_for
@@ -36,7 +36,8 @@ def _on_worker_init(sender: Any = None, **_: Any) -> None:
         specs = [(t.name, spec_of(t)) for t in list(app.tasks.values())]
         limited = [(name, spec) for name, spec in specs if spec is not None]
         if limited:
-            config.redis_url_for(app.conf)
+            redis = config.redis_settings(app.conf)  # URL, cluster flag and options together
+            connection.check(redis.url, cluster=redis.cluster, options=redis.options)
         for task_name, spec in limited:
             config.resolve(app.conf, spec.options)  # task options with app settings
             limit = config.semaphore_limit(app.conf, spec.name, spec.limit)

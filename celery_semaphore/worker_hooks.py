@@ -37,9 +37,8 @@ def on_worker_init(app: Any, worker: Any = None) -> None:
 
 
 def _record(app: Any, worker: Any) -> None:
-    import redis
-
     from . import config, registry
+    from .connection import redis_client
 
     try:
         uses = registry.app_uses(app)
@@ -47,9 +46,8 @@ def _record(app: Any, worker: Any) -> None:
             return
         prefix = app.conf.get("semaphore_key_prefix", "celery_semaphore")
         node = str(getattr(worker, "hostname", "") or "")
-        client = redis.Redis.from_url(
-            config.redis_url_for(app.conf), socket_connect_timeout=3, socket_timeout=5
-        )
+        settings = config.redis_settings(app.conf)
+        client = redis_client(settings.url, cluster=settings.cluster, options=settings.options)
         try:
             registry.record(client, prefix, uses, settings=registry.app_limits(app), node=node)
         finally:

@@ -181,7 +181,7 @@ def test_show_explain_top_release_and_reset_on_live_tasks(
     assert "2/2 in use  1 waiting" in line
 
     # a forced release frees the unit for the waiter at once, while the sleeper runs on
-    released = run_cli(client_app, "release", "main", "--task-id", sleepers[0].id)
+    released = run_cli(client_app, "release", "main", "--task-id", sleepers[0].id, "--yes")
     assert released.exit_code == 0, released.output
     assert waiter.get(timeout=20) == "w"
     assert not sleepers[0].ready()
