@@ -103,6 +103,10 @@ class _Entry:
     #: the grant, once made: (fencing token, lease expiry in server seconds)
     grant: tuple[int, float] | None = None
     granted_at: float = 0.0
+    #: handed to the pool (or on its way in this very call)
+    dispatched: bool = False
+    #: the gate stopped before this grant reached the pool: never dispatch it
+    cancelled: bool = False
 
 
 class Gate:
@@ -146,7 +150,10 @@ class Gate:
         """Stop holding: the held messages were never acknowledged, so the broker delivers
         them again (to this worker after a reconnect, or to another); their places go.
         Grants already handed to the pool are left alone (their bodies may be starting, and
-        release them themselves); one the pool never starts comes back with its lease."""
+        release them themselves); one the pool never starts comes back with its lease.  A
+        grant made but not yet handed to the pool (a release woke the gate as the worker
+        stopped: the hub no longer runs the hand-over) is given back now, not left to its
+        lease, and is never handed over later."""
         self._stop.set()
         unregister_gate(self.key)
         if self._thread is not None:
@@ -156,11 +163,18 @@ class Gate:
             held = list(self._held.values())
             self._held.clear()
             self._counted = 0
+            undispatched = [e for e in self._pending.values() if not e.dispatched]
+            for entry in undispatched:
+                entry.cancelled = True
+                del self._pending[entry.ticket]
         for entry in held:
             try:
                 entry.sem.withdraw(entry.ticket)
             except SemaphoreError as exc:
                 log.debug("semaphore %r: withdraw at stop failed: %s", entry.sem.name, exc)
+        for entry in undispatched:
+            # no tombstone: the message was never acknowledged, and its redelivery must run
+            self._release(entry, "the worker stopped before it started", tombstone_ttl=0)
 
     # -- the consumer's side (hub thread) ---------------------------------------------------
 
@@ -362,6 +376,10 @@ class Gate:
 
     def _dispatch(self, entry: _Entry, directive: dict[str, Any] | None) -> None:
         req = entry.req
+        with self._lock:
+            if entry.cancelled:
+                return  # the gate stopped and gave its grant back; the message is redelivered
+            entry.dispatched = True
         if directive is not None and directive["do"] == "run" and req.revoked():
             # revoked while it waited: revoked() acknowledged it; give the permit back
             self._forget_pending(entry)
@@ -417,7 +435,7 @@ class Gate:
             )
             return
         if released:
-            if tombstone_ttl == 0:  # the process running it was lost
+            if tombstone_ttl == 0 and not entry.cancelled:  # the process running it was lost
                 events.emit(
                     "reclaimed",
                     name=entry.sem.name,

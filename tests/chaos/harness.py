@@ -25,7 +25,7 @@ from collections import Counter
 from contextlib import suppress
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from celery import Celery
 from celery.result import AsyncResult
@@ -33,6 +33,11 @@ from celery.result import AsyncResult
 from celery_semaphore import HolderInfo, Semaphore
 
 from .record import Counts, Entry, Recorder
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+    from tests.integration.workers import Worker
 
 __all__ = ["MEASURED", "Chaos", "Report", "measure"]
 
@@ -250,14 +255,21 @@ class Chaos:
             ledger=ledger,
         )
 
-    def assert_promise(self, **kw: Any) -> Report:
+    def assert_promise(self, nodes: Sequence[Worker] = (), **kw: Any) -> Report:
+        """:meth:`check`, and fail on any problem; the workers' logs are then copied next to
+        the ledger (the message names the directory)."""
         report = self.check(**kw)
         problems = report.problems(self.limit)
         if report.holders_gone_after < 0:
             problems.append(f"holders left: {self.semaphore().holders()}")
         if self.watch.max_used > self.limit:
             problems.append(f"the semaphore counted {self.watch.max_used} units held")
-        assert not problems, "; ".join(problems) + f" (states {dict(report.states)})"
+        if problems:
+            for node in nodes:
+                (self.dir / f"{node.name}.log").write_text(node.log())
+        assert not problems, (
+            "; ".join(problems) + f" (states {dict(report.states)}; ledger and logs in {self.dir})"
+        )
         return report
 
     def reset(self) -> None:
