@@ -650,15 +650,23 @@ def _hold(
         partition=None,
     )
     held_since = clock.monotonic()  # ops: events
+    interrupted = False
     try:
         return call()
+    except (SystemExit, KeyboardInterrupt):
+        interrupted = True
+        raise
     finally:
         permits.remove(permit)
         heartbeat.unregister(permit)
         # a ticket that parked may have other copies in flight: remember it long enough that
         # they find it done and drop themselves
         tomb = None
-        if state.epoch > 0 or state.takeover:
+        if interrupted:
+            # cut short (cold shutdown, terminate): the execution did not finish, so nothing
+            # may report it done; an acks_late message comes back and must run
+            tomb = 0.0
+        elif state.epoch > 0 or state.takeover:
             tomb = 2 * (opts.retry_backoff_max + PLACE_SLACK + opts.lease_ttl)
         # ops: events (held =)
         held = release_with_retry(permit, tombstone_ttl=tomb, task_id=task.request.id)
