@@ -65,8 +65,11 @@ __all__ = ["MAX_HOLD", "Gate", "GateStep", "install"]
 
 log = logging.getLogger("celery_semaphore.gate")
 
-#: seconds a held task's place lives without a refresh (refreshed every third of it)
+#: seconds a held task's place lives without a refresh (refreshed every third of it); shorter
+#: with a shorter lease_ttl, so a dead node's held tasks block the line no longer than its
+#: holders do, but never below HELD_PLACE_MIN
 HELD_PLACE_TTL = 60.0
+HELD_PLACE_MIN = 3.0
 #: the longest a task is held before it is parked (re-published with a countdown); kept below
 #: RabbitMQ's default consumer_timeout (30 min), and below half the Redis visibility_timeout
 MAX_HOLD = 900.0
@@ -100,6 +103,8 @@ class _Entry:
     again: bool = False
     #: place in line at the last attempt (0 = head)
     position: int | None = None
+    #: seconds the place lives without a refresh
+    place_ttl: float = HELD_PLACE_TTL
     #: the grant, once made: (fencing token, lease expiry in server seconds)
     grant: tuple[int, float] | None = None
     granted_at: float = 0.0
@@ -232,7 +237,9 @@ class Gate:
             "pid": self.pid,
             "machine": socket.gethostname(),
         }
-        return _Entry(req, spec, sem, opts, f"{req.id}:{retries}", uuid.uuid4().hex, state, owner)
+        entry = _Entry(req, spec, sem, opts, f"{req.id}:{retries}", uuid.uuid4().hex, state, owner)
+        entry.place_ttl = max(HELD_PLACE_MIN, min(HELD_PLACE_TTL, opts.lease_ttl))
+        return entry
 
     # -- trying for a permit (any thread) ---------------------------------------------------
 
@@ -295,7 +302,7 @@ class Gate:
                 entry.ticket,
                 weight=entry.spec.weight,
                 owner=entry.owner,
-                place_ttl=HELD_PLACE_TTL,
+                place_ttl=entry.place_ttl,
                 claim=entry.claim,
                 wake_data="@" + self.key,
                 wake_grace=WAKE_GRACE,
@@ -512,7 +519,7 @@ class Gate:
             self._leave(entry, self._directive(entry, "timeout", w=waited), "timed out")
         elif now - entry.since >= self._max_hold():
             self._leave(entry, self._directive(entry, "park"), "held too long")
-        elif now - entry.refreshed >= HELD_PLACE_TTL / 3 or not entry.counted:
+        elif now - entry.refreshed >= entry.place_ttl / 3 or not entry.counted:
             # keep the place alive (and claim units whose wake-up was lost); an uncounted
             # entry (over semaphore_worker_hold, or Redis failed) retries every tick
             with self._lock:
