@@ -307,7 +307,8 @@ class Gate:
                 wake_data="@" + self.key,
                 wake_grace=WAKE_GRACE,
                 epoch=state.epoch,
-                check_done=state.epoch > 0 or state.takeover,
+                # always: a copy of this execution may have run already (see runtime._common)
+                check_done=True,
                 lease_ttl=entry.opts.lease_ttl,
             )
         except SemaphoreError as exc:

@@ -357,7 +357,11 @@ def _common(
         "owner": owner,
         "claim": claim,
         "epoch": state.epoch,
-        "check_done": state.epoch > 0 or state.takeover,
+        # Always, even for a first delivery: when Redis fails, the gate keeps holding the
+        # original while a copy parks and may run first (seen in the chaos tests); a ticket
+        # that ran already must then be dropped, not run twice.  (Costs the acquire script
+        # one or two ZSCOREs.)
+        "check_done": True,
         "lease_ttl": opts.lease_ttl,
     }
 
@@ -462,8 +466,17 @@ def _acquire_and_run(
         # process is gone (SIGKILL with reject_on_worker_lost: Celery tells nobody), take the
         # permit back now; otherwise wait until it releases (this copy then finds the ticket
         # done and drops) or its lease expires (this copy then runs).
-        if _reclaim_from_dead_process(sem, ticket):
-            attempt = sem.try_acquire(ticket, place_ttl=PLACE_SLACK, **common)
+        try:
+            if _reclaim_from_dead_process(sem, ticket):
+                attempt = sem.try_acquire(ticket, place_ttl=PLACE_SLACK, **common)
+        except SemaphoreBackendError as exc:
+            log_acquire.warning(
+                "task %s[%s]: semaphore %r unavailable (%s); retrying later without running",
+                task.name,
+                request.id,
+                sem.name,
+                exc,
+            )
         if attempt.permit is None:
             attempt = _park(task, sem, state, opts, ticket, common, registered=False)
         if attempt.permit is not None:
@@ -556,18 +569,31 @@ def _park(
     if registered:
         # the wake copy says so: units are reserved for it, so it needs a worker slot now
         wake_data = _wake_data(task, request, headers, {**later.header(retries), "w": 1})
-        attempt = sem.try_acquire(
-            ticket,
-            place_ttl=countdown + max(PLACE_SLACK, opts.lease_ttl),
-            wake_data=wake_data,
-            wake_grace=PARKED_WAKE_GRACE,
-            **{**common, "epoch": epoch},
-        )
-        if attempt.permit is not None:
-            return attempt  # a unit came free meanwhile: run now
-        if attempt.status is not AttemptStatus.WAITING:
-            return attempt
-        position = attempt.position
+        try:
+            attempt = sem.try_acquire(
+                ticket,
+                place_ttl=countdown + max(PLACE_SLACK, opts.lease_ttl),
+                wake_data=wake_data,
+                wake_grace=PARKED_WAKE_GRACE,
+                **{**common, "epoch": epoch},
+            )
+        except SemaphoreBackendError as exc:
+            # Fail closed: park on the countdown alone (the copy keeps the ticket, so the
+            # place, if it still exists); never fail the task for a Redis blip.
+            log_acquire.warning(
+                "task %s[%s]: semaphore %r unavailable (%s); retrying later without running",
+                task.name,
+                request.id,
+                sem.name,
+                exc,
+            )
+            position = None
+        else:
+            if attempt.permit is not None:
+                return attempt  # a unit came free meanwhile: run now
+            if attempt.status is not AttemptStatus.WAITING:
+                return attempt
+            position = attempt.position
     else:
         position = None
     sig.apply_async(countdown=countdown)

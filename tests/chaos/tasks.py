@@ -27,7 +27,7 @@ from typing import Any
 
 from celery.exceptions import SoftTimeLimitExceeded
 
-from celery_semaphore import limited
+from celery_semaphore import clock, limited
 from tests.integration.proj import LEASE, LIMIT, app
 
 from .record import Recorder
@@ -35,6 +35,31 @@ from .record import Recorder
 __all__ = ["app", "late_step", "rec", "step"]
 
 rec = Recorder(os.environ.get("CS_CHAOS_DIR", "/tmp"), LIMIT)
+
+
+def _skewed_clock() -> None:
+    """A clock jump on this worker host, through the package's clock seam: the seconds in
+    ``<CS_CHAOS_DIR>/clock-skew`` (re-read at most every 0.2 s) are added to
+    ``celery_semaphore.clock.monotonic()`` in every process of the worker."""
+    real = clock.monotonic
+    path = rec.dir / "clock-skew"
+    cache = {"at": -1.0, "skew": 0.0}
+
+    def monotonic() -> float:
+        now = real()
+        if now - cache["at"] >= 0.2:
+            cache["at"] = now
+            try:
+                cache["skew"] = float(path.read_text())
+            except (OSError, ValueError):
+                cache["skew"] = 0.0
+        return now + cache["skew"]
+
+    clock.monotonic = monotonic
+
+
+if os.environ.get("CS_CHAOS_DIR"):
+    _skewed_clock()
 
 
 def _run(task: Any, tag: str, seconds: float, mode: str) -> str:
