@@ -46,7 +46,7 @@ from typing import Any
 from celery import bootsteps
 from celery.exceptions import WorkerLostError
 
-from . import clock, config, events
+from . import clock, config, events, restart
 from .exceptions import SemaphoreError
 from .keys import node_wake_key
 from .runtime import (
@@ -297,6 +297,8 @@ class Gate:
         grant) or ``slot`` (let the body's wrapper acquire: a redelivered copy whose previous
         delivery holds the permit, a duplicate, or Redis failing at the first try)."""
         state = entry.state
+        if restart.quarantined(entry.sem):
+            return None  # the state was lost: hold on until the running bodies re-assert
         try:
             attempt = entry.sem.try_acquire(
                 entry.ticket,
@@ -328,6 +330,14 @@ class Gate:
             log.error("task %s[%s]: %s", entry.req.name, entry.req.id, exc)
             return "slot"
         entry.refreshed = clock.monotonic()
+        if (
+            attempt.status is AttemptStatus.GRANTED
+            and attempt.permit is not None
+            and restart.lost_at_grant(entry.sem, attempt.permit.fencing_token)
+        ):
+            # granted on a state that was lost: give it back, hold on (fail closed)
+            self._give_back(entry)
+            return None
         if attempt.permit is not None:
             entry.grant = (attempt.permit.fencing_token, attempt.permit.lease_expires_at)
             entry.granted_at = clock.monotonic()
@@ -336,6 +346,12 @@ class Gate:
             entry.position = attempt.position
             return None
         return "slot"
+
+    def _give_back(self, entry: _Entry) -> None:
+        try:
+            entry.sem.release_token(entry.ticket, claim=entry.claim, tombstone_ttl=0)
+        except SemaphoreError as exc:
+            log.warning("semaphore %r: could not give back a grant: %s", entry.sem.name, exc)
 
     def _log_wait(self, entry: _Entry) -> None:
         log.info(

@@ -22,7 +22,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from . import clock, events
+from . import clock, events, restart
 from .semaphore import Permit, Semaphore
 
 __all__ = ["Heartbeat", "heartbeat"]
@@ -124,6 +124,11 @@ class Heartbeat:
             watched = list(self._watched.values())
         for sem in watched:
             try:
+                if restart.detect(sem):
+                    self._reassert_all(sem)
+            except Exception as exc:
+                log.debug("semaphore %r: state check failed: %s", sem.name, exc)
+            try:
                 reclaimed = sem.reclaim()  # ops: events (reclaimed =)
                 if reclaimed:  # ops: events
                     events.emit(
@@ -131,6 +136,45 @@ class Heartbeat:
                     )
             except Exception as exc:
                 log.debug("semaphore %r: sweep failed: %s", sem.name, exc)
+
+    def _reassert_all(self, sem: Semaphore) -> None:
+        """The state of ``sem`` was lost: take back the permits of the bodies running here."""
+        with self._lock:
+            entries = [e for e in self._entries.values() if e.permit.semaphore is sem]
+        for entry in entries:
+            self._reassert(entry)
+
+    def _reassert(self, entry: _Entry) -> bool:
+        """Acquire a running body's own token again after its semaphore's state was lost (see
+        :mod:`celery_semaphore.restart`); True when it holds its permit again."""
+        permit = entry.permit
+        if permit.released:
+            return False
+        owner = {"task_id": entry.task_id, "reasserted": True}
+        try:
+            attempt = permit.semaphore.try_acquire(
+                permit.token, weight=permit.weight, claim=permit.claim, owner=owner
+            )
+        except Exception as exc:
+            log.warning(
+                "semaphore %r: could not re-assert the permit of task %s after its state was "
+                "lost: %s; will retry",
+                permit.semaphore.name,
+                entry.task_id,
+                exc,
+            )
+            return True  # keep the entry: the next refresh tries again
+        if attempt.permit is None:
+            return False
+        permit.fencing_token = attempt.permit.fencing_token
+        permit.lease_expires_at = attempt.permit.lease_expires_at
+        permit.lost = False
+        log.info(
+            "semaphore %r: re-asserted the permit of running task %s after the state was lost",
+            permit.semaphore.name,
+            entry.task_id,
+        )
+        return True
 
     def _refresh(self, entry: _Entry) -> None:
         permit = entry.permit
@@ -149,6 +193,12 @@ class Heartbeat:
             )
             return
         if alive or permit.released:
+            return
+        try:
+            lost_state = restart.detect(permit.semaphore) or restart.recently_lost(permit.semaphore)
+        except Exception:  # Redis failing again: report the loss as it stands
+            lost_state = False
+        if lost_state and self._reassert(entry):
             return
         self.unregister(permit)
         log.error(

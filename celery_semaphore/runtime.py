@@ -44,7 +44,7 @@ from typing import Any, NoReturn, TypeVar
 
 from kombu.utils import json as kombu_json
 
-from . import clock, config, events
+from . import clock, config, events, restart
 from .exceptions import LeaseLost, SemaphoreBackendError, SemaphoreError, SemaphoreTimeout
 from .heartbeat import heartbeat
 from .semaphore import Attempt, AttemptStatus, Permit, Semaphore
@@ -60,6 +60,7 @@ __all__ = [
     "gate_nonce",
     "handled_here",
     "note_handled",
+    "quarantine_guard",
     "register_gate",
     "run_limited",
     "semaphore_for",
@@ -181,6 +182,11 @@ def semaphore_for(app: Any, name: str, limit: int, lease_ttl: float) -> Semaphor
         )
         with _cache_lock:
             sem = _semaphores.setdefault(key, sem)
+        restart.configure(
+            sem,
+            str(conf.get("semaphore_restart_policy", "fail_closed")),
+            conf.get("semaphore_restart_quarantine", None),
+        )
         heartbeat.watch(sem)
     return sem
 
@@ -425,6 +431,7 @@ def _acquire_and_run(
     # re-sent by redis-py), never to another delivery of the same message.
     common = _common(weight, owner, uuid.uuid4().hex, state, opts)
     try:
+        quarantine_guard(sem)
         attempt = sem.try_acquire(ticket, place_ttl=opts.wait_timeout + PLACE_SLACK, **common)
         standby = opts.standby if opts.standby is not None else sem.limit
         if (
@@ -449,6 +456,7 @@ def _acquire_and_run(
                 keep_place=PLACE_SLACK,
                 **common,
             )
+        _check_grant(sem, attempt, ticket, common["claim"])
     except SemaphoreBackendError as exc:
         # Fail closed: no permit, no body.  Come back later; nothing is lost.
         log_acquire.warning(
@@ -467,8 +475,10 @@ def _acquire_and_run(
         # permit back now; otherwise wait until it releases (this copy then finds the ticket
         # done and drops) or its lease expires (this copy then runs).
         try:
+            quarantine_guard(sem)
             if _reclaim_from_dead_process(sem, ticket):
                 attempt = sem.try_acquire(ticket, place_ttl=PLACE_SLACK, **common)
+                _check_grant(sem, attempt, ticket, common["claim"])
         except SemaphoreBackendError as exc:
             log_acquire.warning(
                 "task %s[%s]: semaphore %r unavailable (%s); retrying later without running",
@@ -486,6 +496,28 @@ def _acquire_and_run(
         if attempt.permit is not None:
             return _hold(task, sem, attempt.permit, opts, state, call)
     return _drop_duplicate(task, sem, attempt)
+
+
+def quarantine_guard(sem: Semaphore) -> None:
+    """Raise SemaphoreBackendError (the caller then waits, fail closed) while ``sem`` is in
+    quarantine after its state was lost (see :mod:`celery_semaphore.restart`)."""
+    left = restart.quarantined(sem)
+    if left:
+        raise SemaphoreBackendError(
+            f"semaphore {sem.name!r}: its state in Redis was lost; no new permit for "
+            f"{left:.1f}s more (semaphore_restart_policy='fail_closed')",
+            name=sem.name,
+        )
+
+
+def _check_grant(sem: Semaphore, attempt: Attempt, ticket: str, claim: str) -> None:
+    """A new grant made on a state that was lost (see restart.lost_at_grant) is given back
+    at once, and the caller waits as if Redis had failed (fail closed)."""
+    if attempt.status is not AttemptStatus.GRANTED or attempt.permit is None:
+        return
+    if restart.lost_at_grant(sem, attempt.permit.fencing_token):
+        sem.release_token(ticket, claim=claim, tombstone_ttl=0)
+        quarantine_guard(sem)
 
 
 def _reclaim_from_dead_process(sem: Semaphore, token: str) -> bool:
@@ -570,6 +602,7 @@ def _park(
         # the wake copy says so: units are reserved for it, so it needs a worker slot now
         wake_data = _wake_data(task, request, headers, {**later.header(retries), "w": 1})
         try:
+            quarantine_guard(sem)
             attempt = sem.try_acquire(
                 ticket,
                 place_ttl=countdown + max(PLACE_SLACK, opts.lease_ttl),
@@ -577,6 +610,7 @@ def _park(
                 wake_grace=PARKED_WAKE_GRACE,
                 **{**common, "epoch": epoch},
             )
+            _check_grant(sem, attempt, ticket, common["claim"])
         except SemaphoreBackendError as exc:
             # Fail closed: park on the countdown alone (the copy keeps the ticket, so the
             # place, if it still exists); never fail the task for a Redis blip.

@@ -77,9 +77,10 @@ def test_sigkill_whole_node(make: Callable[[int], Chaos]) -> None:
     line; node b holds more behind them.  a's permits come back with the lease, and so do its
     held tasks' places in line (before: 60 s whatever the lease, and b's tasks stood still
     behind them).  a's own unacknowledged messages come back when the Redis broker restores
-    them, after its visibility_timeout (16 s here, so that the gates hold their tasks up to
-    8 s meanwhile): outside this test's time; they must not have run twice."""
-    chaos = make(16)
+    them, after its visibility_timeout (30 s here, so that the gates hold their tasks, up to
+    15 s, rather than park them meanwhile): outside this test's time; they must not have run
+    twice."""
+    chaos = make(30)
     a = start_worker(chaos.env, concurrency=4, name="a")
     b = None
     try:
