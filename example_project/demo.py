@@ -60,7 +60,7 @@ class Plan:
     timeout: float  #: give up (exit status 3) when the work is not done by then
 
 
-FULL = Plan(billing=90, checkouts=40, transcodes=14, thumbnails=30, spread=14.0, timeout=120.0)
+FULL = Plan(billing=150, checkouts=60, transcodes=24, thumbnails=40, spread=20.0, timeout=150.0)
 QUICK = Plan(billing=24, checkouts=12, transcodes=4, thumbnails=10, spread=4.0, timeout=60.0)
 
 
@@ -170,10 +170,7 @@ def _bar(used: int, limit: int) -> str:
 def _view_lines(run: Run, semaphores: dict[str, Any]) -> list[str]:
     now = run.in_use()
     elapsed = time.time() - run.started
-    lines = [
-        f"{elapsed:5.1f}s  sent {len(run.sent)}  done {run.done}   "
-        "permits (semaphore) | calls being served (counted in the task bodies)"
-    ]
+    lines = [f"{elapsed:5.1f}s  sent {len(run.sent)}  done {run.done}"]
     for limit in run.limits:
         snap = semaphores[limit.name].inspect()
         by_queue: dict[str, int] = defaultdict(int)
@@ -184,8 +181,8 @@ def _view_lines(run: Run, semaphores: dict[str, Any]) -> list[str]:
         served = "  ".join(f"{q} {now.get((limit.name, q), 0)}" for q in QUEUES)
         lines.append(
             f"  {limit.name:<16} [{_bar(snap.used, snap.limit)}] {snap.used}/{snap.limit}  "
-            f"{queues}  waiting {len(snap.waiters):3d} | {now.get((limit.name, ''), 0)} "
-            f"({served})"
+            f"{queues}  waiting {len(snap.waiters):3d} | served "
+            f"{now.get((limit.name, ''), 0)}: {served}"
         )
     return lines
 
@@ -411,6 +408,11 @@ def _demo(plan: Plan, json_path: Path | None, png_path: Path) -> int:
                 "process groups: " + ", ".join(f"{pid} ({what})" for what, pid in pids)
             )
             wait_ready(app, workers, timeout=60)
+            print(
+                "watch it from another terminal too: "
+                f"REDIS_URL={url} EXAMPLE_KEY_PREFIX={prefix} "
+                "celery -A example_project.app semaphore top"
+            )
             status = _flood_and_watch(plan, client, prefix, tasks, workers, json_path, png_path)
             return status
         finally:
@@ -446,6 +448,10 @@ def _flood_and_watch(
     }
     schedule = _flood(plan, tasks)
     view = LiveView()
+    print(
+        "every second: permits in use per semaphore and queue, tasks waiting in line | calls "
+        "the service is serving (counted in the task bodies, not by the semaphore)"
+    )
     run.started = time.time()
     next_view = run.started + 1.0
     deadline = time.monotonic() + plan.timeout
