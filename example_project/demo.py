@@ -81,7 +81,7 @@ class Sent:
 
 
 class Interrupted(Exception):
-    """SIGTERM, turned into an exception so the clean-up runs."""
+    """SIGINT or SIGTERM, turned into an exception so the clean-up runs."""
 
 
 # -- the run -------------------------------------------------------------------------------------
@@ -343,8 +343,18 @@ def _redis(url: str | None) -> Iterator[tuple[str, RedisServer | None]]:
         server.stop()
 
 
-def _on_sigterm(signum: int, frame: FrameType | None) -> None:
-    raise Interrupted(f"signal {signum}")
+class _StopOnce:
+    """SIGINT (Ctrl-C) and SIGTERM: interrupt the run once; while it cleans up, ignore more
+    (a second Ctrl-C must not leave workers behind)."""
+
+    def __init__(self) -> None:
+        self.fired = False
+
+    def __call__(self, signum: int, frame: FrameType | None) -> None:
+        if self.fired:
+            return
+        self.fired = True
+        raise Interrupted(signal.Signals(signum).name)
 
 
 def _delete_prefix(client: redis.Redis, prefix: str) -> None:
@@ -374,12 +384,17 @@ def main(argv: list[str] | None = None) -> int:
         primitive_main()
         return 0
     plan = QUICK if args.quick else FULL
-    signal.signal(signal.SIGTERM, _on_sigterm)
+    stop = _StopOnce()
+    signal.signal(signal.SIGINT, stop)
+    signal.signal(signal.SIGTERM, stop)
     try:
         return _demo(plan, args.json, args.png)
-    except (KeyboardInterrupt, Interrupted):
-        print("\ninterrupted: every process the demo started has been stopped", file=sys.stderr)
+    except (KeyboardInterrupt, Interrupted) as exc:
+        print(f"\ninterrupted ({exc}): every process the demo started is stopped", file=sys.stderr)
         return 130
+    except (RuntimeError, TimeoutError) as exc:  # no redis-server, a worker that would not start
+        print(f"the demo failed: {exc}", file=sys.stderr)
+        return 2
 
 
 def _demo(plan: Plan, json_path: Path | None, png_path: Path) -> int:

@@ -122,7 +122,7 @@ def test_quick_demo_holds_its_limits(tmp_path: Path) -> None:
         assert _gone(pgid), f"process group {pgid} outlived the demo"
 
 
-def test_ctrl_c_stops_every_process_it_started(tmp_path: Path) -> None:
+def test_ctrl_c_twice_stops_every_process_it_started(tmp_path: Path) -> None:
     proc = subprocess.Popen(
         [sys.executable, "-m", "example_project", "--png", str(tmp_path / "p.png")],
         cwd=tmp_path,
@@ -143,6 +143,8 @@ def test_ctrl_c_stops_every_process_it_started(tmp_path: Path) -> None:
         groups = _process_groups("".join(lines))
         assert len(groups) == 3, lines  # redis-server and two workers
         os.killpg(proc.pid, signal.SIGINT)  # what Ctrl-C in a terminal does
+        time.sleep(0.3)
+        os.killpg(proc.pid, signal.SIGINT)  # an impatient second Ctrl-C, during the clean-up
         rest, _ = proc.communicate(timeout=60)
     finally:
         if proc.poll() is None:
