@@ -23,6 +23,7 @@ if TYPE_CHECKING:
         Attempt,
         AttemptStatus,
         HolderInfo,
+        PartitionInfo,
         Permit,
         Semaphore,
         Snapshot,
@@ -33,7 +34,16 @@ if TYPE_CHECKING:
 # The core primitive (and redis-py with it) is imported on first use too: every `celery`
 # command imports this package, because the `celery semaphore` plugin lives in it.
 _CORE = frozenset(
-    {"Attempt", "AttemptStatus", "HolderInfo", "Permit", "Semaphore", "Snapshot", "WaiterInfo"}
+    {
+        "Attempt",
+        "AttemptStatus",
+        "HolderInfo",
+        "PartitionInfo",
+        "Permit",
+        "Semaphore",
+        "Snapshot",
+        "WaiterInfo",
+    }
 )
 
 # The Celery layer is imported on first use, so the core primitive (and the `celery` CLI
@@ -84,6 +94,7 @@ __all__ = [
     "Attempt",
     "AttemptStatus",
     "HolderInfo",
+    "PartitionInfo",
     "Snapshot",
     "WaiterInfo",
     # errors

@@ -85,3 +85,35 @@ def redis_url(param: str, value: str) -> str:
             f"{', '.join(s + '://' for s in REDIS_SCHEMES)}"
         )
     return value
+
+
+#: the longest partition name, in UTF-8 bytes (the line stores its length in four digits)
+MAX_PARTITION_BYTES = 1024
+#: the largest partition weight
+MAX_PARTITION_WEIGHT = 1000
+
+
+def partition(param: str, value: object) -> str:
+    """A partition name: any str ('' is the default partition) of at most
+    :data:`MAX_PARTITION_BYTES` UTF-8 bytes."""
+    if not isinstance(value, str):
+        raise TypeError(
+            f"{param} must be a str ('' for the default partition), got "
+            f"{type(value).__name__} {value!r}"
+        )
+    try:
+        size = len(value.encode("utf-8"))
+    except UnicodeEncodeError:
+        raise ValueError(
+            f"{param}={value!r} is not accepted: it must be encodable as UTF-8 (no lone surrogates)"
+        ) from None
+    if size > MAX_PARTITION_BYTES:
+        raise ValueError(
+            f"{param}={value[:40]!r}... is not accepted: use at most {MAX_PARTITION_BYTES} "
+            f"UTF-8 bytes (got {size})"
+        )
+    return value
+
+
+def optional_positive_int(param: str, value: object) -> int | None:
+    return None if value is None else positive_int(param, value)

@@ -6,6 +6,11 @@ Put it directly under the task decorator; no ``base=`` is needed::
     @limited("payment-gateway", limit=5)
     def charge(self, customer_id, amount): ...
 
+The name may be a template of the task's parameters (``"api:{customer_id}"``: one semaphore,
+and one limit, per customer) or a callable receiving the bound arguments; so may ``weight``.
+By default waiters are served fairly per queue the task was delivered from (``partition=``
+changes that; ``queue_limits=`` caps a queue, ``queue_weights=`` weights its share).
+
 The wrapper acquires inside the task body (so ``bind`` or not, eager or not, the user's code
 never runs without a permit) and releases in a ``finally``.  It keeps the function's signature,
 so Celery still checks the arguments of ``delay()``.
@@ -27,10 +32,11 @@ SPEC_ATTR = "__semaphore__"
 _F = TypeVar("_F", bound=Callable[..., Any])
 
 
-def limited(name: str, limit: int, **options: Any) -> Callable[[_F], _F]:
+def limited(name: str | Callable[..., str], limit: int, **options: Any) -> Callable[[_F], _F]:
     """Limit the decorated task to ``limit`` concurrent bodies (``weight`` units each) of the
     semaphore ``name``.  ``options`` are task options from the settings table
-    (:mod:`celery_semaphore.config`); unknown ones raise ``TypeError`` here, at import time."""
+    (:mod:`celery_semaphore.config`) plus ``weight``, ``partition``, ``queue_limits`` and
+    ``queue_weights``; unknown or invalid ones raise here, at import time."""
     where = f"@limited({name!r})"
     spec = LimitSpec.build(name, limit, options, where=where)
 
@@ -46,6 +52,7 @@ def limited(name: str, limit: int, **options: Any) -> Callable[[_F], _F]:
                 f"{where}: {getattr(fun, '__qualname__', fun)!r} is already limited by "
                 f"{getattr(fun, SPEC_ATTR).name!r}; one @limited per task"
             )
+        spec.check_parameters(fun, where)
 
         @functools.wraps(fun)
         def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -57,7 +64,7 @@ def limited(name: str, limit: int, **options: Any) -> Callable[[_F], _F]:
                     f"{where}: {fun.__qualname__} was called outside a Celery task; call the "
                     "task (task(...), .delay(), .apply()) rather than the raw function"
                 )
-            return run_limited(task, spec, lambda: fun(*args, **kwargs))
+            return run_limited(task, spec, lambda: fun(*args, **kwargs), args, kwargs)
 
         wrapper.__signature__ = inspect.signature(fun)  # type: ignore[attr-defined]
         setattr(wrapper, SPEC_ATTR, spec)

@@ -46,7 +46,7 @@ from typing import Any
 from celery import bootsteps
 from celery.exceptions import WorkerLostError
 
-from . import clock, config, events
+from . import clock, config, events, queues, targets
 from .exceptions import SemaphoreError
 from .keys import node_wake_key
 from .runtime import (
@@ -84,6 +84,7 @@ class _Entry:
 
     req: Any  # celery.worker.request.Request
     spec: LimitSpec
+    plan: targets.Plan
     sem: Semaphore
     opts: config.ResolvedOptions
     ticket: str
@@ -199,17 +200,26 @@ class Gate:
     def _entry(self, req: Any, spec: LimitSpec) -> _Entry:
         conf = self.app.conf
         opts = config.resolve(conf, spec.options)
-        limit = config.semaphore_limit(conf, spec.name, spec.limit)
-        sem = semaphore_for(self.app, spec.name, limit, opts.lease_ttl)
         headers = req.request_dict
         retries = int(headers.get("retries") or 0)
         state = WaitState.from_headers(headers.get(HEADER), retries)
+        queue = None
+        if state.partition is None:
+            message = getattr(req, "message", None)
+            info = getattr(message, "delivery_info", None) or req.delivery_info
+            queue = queues.delivery_queue(self.app, info, self.consumer)
+        plan = targets.resolve(
+            req.task, spec, req.args, req.kwargs, queue, partition=state.partition
+        )
+        target = plan.targets[0]
+        sem = semaphore_for(self.app, target.name, target.limit, opts.lease_ttl)
         redelivered = bool((req.delivery_info or {}).get("redelivered"))
         state = WaitState(
             state.epoch,
             state.waits,
             state.first_wait or time.time(),
             takeover=state.takeover or redelivered,
+            partition=plan.partition,
         )
         owner = {
             "task_id": req.id,
@@ -218,7 +228,8 @@ class Gate:
             "pid": self.pid,
             "machine": socket.gethostname(),
         }
-        return _Entry(req, spec, sem, opts, f"{req.id}:{retries}", uuid.uuid4().hex, state, owner)
+        ticket = f"{req.id}:{retries}"
+        return _Entry(req, spec, plan, sem, opts, ticket, uuid.uuid4().hex, state, owner)
 
     # -- trying for a permit (any thread) ---------------------------------------------------
 
@@ -277,9 +288,10 @@ class Gate:
         delivery holds the permit, a duplicate, or Redis failing at the first try)."""
         state = entry.state
         try:
+            target = entry.plan.targets[0]
             attempt = entry.sem.try_acquire(
                 entry.ticket,
-                weight=entry.spec.weight,
+                weight=target.weight,
                 owner=entry.owner,
                 place_ttl=HELD_PLACE_TTL,
                 claim=entry.claim,
@@ -288,6 +300,7 @@ class Gate:
                 epoch=state.epoch,
                 check_done=state.epoch > 0 or state.takeover,
                 lease_ttl=entry.opts.lease_ttl,
+                **entry.plan.fair(target),
             )
         except SemaphoreError as exc:
             # Fail closed: keep holding (a held task never runs without a permit), try again
@@ -358,7 +371,14 @@ class Gate:
             self.consumer.call_soon(self._dispatch, entry, directive)
 
     def _directive(self, entry: _Entry, do: str, **extra: Any) -> dict[str, Any]:
-        return {"n": self.nonce, "t": entry.ticket, "c": entry.claim, "do": do, **extra}
+        return {
+            "n": self.nonce,
+            "t": entry.ticket,
+            "c": entry.claim,
+            "do": do,
+            "p": entry.plan.partition,
+            **extra,
+        }
 
     def _dispatch(self, entry: _Entry, directive: dict[str, Any] | None) -> None:
         req = entry.req

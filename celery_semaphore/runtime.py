@@ -44,7 +44,7 @@ from typing import Any, NoReturn, TypeVar
 
 from kombu.utils import json as kombu_json
 
-from . import clock, config, events
+from . import clock, config, events, queues, targets
 from .exceptions import LeaseLost, SemaphoreBackendError, SemaphoreError, SemaphoreTimeout
 from .heartbeat import heartbeat
 from .semaphore import Attempt, AttemptStatus, Permit, Semaphore
@@ -110,6 +110,8 @@ class WaitState:
     #: this copy continues a redelivered execution whose permit may still be held by the
     #: previous delivery (alive past a visibility timeout, or dead until its lease expires)
     takeover: bool = False
+    #: the partition this execution waits in (fixed at its first attempt)
+    partition: str | None = None
 
     @classmethod
     def from_request(cls, request: Any) -> WaitState:
@@ -127,28 +129,38 @@ class WaitState:
         if not isinstance(raw, Mapping) or raw.get("r") != retries:
             return cls()
         first = raw.get("t0")
+        partition = raw.get("p")
         return cls(
             epoch=int(raw.get("e", 0)),
             waits=int(raw.get("n", 0)),
             first_wait=float(first) if first is not None else None,
             takeover=bool(raw.get("o")),
+            partition=partition if isinstance(partition, str) else None,
         )
 
     def header(self, retries: int) -> dict[str, Any]:
-        return {
+        out: dict[str, Any] = {
             "r": retries,
             "e": self.epoch,
             "n": self.waits,
             "t0": self.first_wait,
             "o": 1 if self.takeover else 0,
         }
+        if self.partition is not None:
+            out["p"] = self.partition
+        return out
 
 
 # -- per-process semaphore objects -----------------------------------------------------------
 
 _cache_lock = threading.Lock()
 _clients: dict[tuple[int, str], Any] = {}
-_semaphores: dict[tuple[Any, ...], Semaphore] = {}
+#: key -> (semaphore, last use); oldest use first.  Dynamic names ("api:{customer_id}") make
+#: many semaphores: one unused for SEMAPHORE_IDLE seconds (or past SEMAPHORE_CACHE) is dropped
+#: and no longer swept by this process.
+_semaphores: OrderedDict[tuple[Any, ...], tuple[Semaphore, float]] = OrderedDict()
+SEMAPHORE_IDLE = 600.0
+SEMAPHORE_CACHE = 1000
 
 
 def client_for(url: str) -> Any:
@@ -169,19 +181,33 @@ def semaphore_for(app: Any, name: str, limit: int, lease_ttl: float) -> Semaphor
     url = config.redis_url_for(conf)
     prefix = conf.get("semaphore_key_prefix", "celery_semaphore")
     key = (os.getpid(), url, prefix, name, limit, lease_ttl, id(app))
-    sem = _semaphores.get(key)
-    if sem is None:
-        sem = Semaphore(
-            name,
-            limit,
-            redis=client_for(url),
-            lease_ttl=lease_ttl,
-            key_prefix=prefix,
-            on_wake=_Redispatcher(app),
-        )
-        with _cache_lock:
-            sem = _semaphores.setdefault(key, sem)
-        heartbeat.watch(sem)
+    now = clock.monotonic()
+    with _cache_lock:
+        found = _semaphores.get(key)
+        if found is not None:
+            _semaphores[key] = (found[0], now)
+            _semaphores.move_to_end(key)
+            return found[0]
+    sem = Semaphore(
+        name,
+        limit,
+        redis=client_for(url),
+        lease_ttl=lease_ttl,
+        key_prefix=prefix,
+        on_wake=_Redispatcher(app),
+    )
+    with _cache_lock:
+        sem = _semaphores.setdefault(key, (sem, now))[0]
+        dropped = []
+        while _semaphores:
+            oldest_key, (oldest, used) = next(iter(_semaphores.items()))
+            if len(_semaphores) <= SEMAPHORE_CACHE and now - used < SEMAPHORE_IDLE:
+                break
+            del _semaphores[oldest_key]
+            dropped.append(oldest)
+    for old in dropped:
+        heartbeat.unwatch(old)
+    heartbeat.watch(sem)
     return sem
 
 
@@ -264,22 +290,35 @@ def checkpoint() -> None:
 # -- the main path ----------------------------------------------------------------------------
 
 
-def run_limited(task: Any, spec: LimitSpec, call: Callable[[], _T]) -> _T:
-    """Run ``call`` (the task body) while holding ``spec``'s permit."""
+def run_limited(
+    task: Any,
+    spec: LimitSpec,
+    call: Callable[[], _T],
+    args: tuple[Any, ...] = (),
+    kwargs: Mapping[str, Any] | None = None,
+) -> _T:
+    """Run ``call`` (the task body, called with ``args`` and ``kwargs``) while holding the
+    permit of each semaphore ``spec`` names for this call."""
     app = task.app
     conf = app.conf
     if not conf.get("semaphore_enabled", True):
         return call()  # explicitly disabled (e.g. in the user's unit tests)
     request = task.request
     opts = config.resolve(conf, spec.options)
-    name = spec.name
-    limit = config.semaphore_limit(conf, name, spec.limit)
-    sem = semaphore_for(app, name, limit, opts.lease_ttl)
-    weight = spec.weight
-    if weight > limit:
-        raise ValueError(
-            f"task {task.name}: weight={weight} exceeds the limit of semaphore {name!r} "
-            f"({limit}, from semaphore_limits); use a weight from 1 to {limit}"
+    directive = _gate_directive(request)
+    plan = _plan(task, spec, args, kwargs or {}, directive)
+    target = plan.targets[0]
+    sem = semaphore_for(app, target.name, target.limit, opts.lease_ttl)
+    weight = target.weight
+    fair = plan.fair(target)
+    if target.template is not None:  # ops: events (the registry learns dynamic names)
+        events.emit(
+            "used",
+            name=target.name,
+            template=target.template,
+            task=task.name,
+            limit=target.member.limit,
+            weight=target.weight,
         )
     owner = {
         "task_id": request.id,
@@ -288,12 +327,32 @@ def run_limited(task: Any, spec: LimitSpec, call: Callable[[], _T]) -> _T:
         "pid": os.getpid(),
         "machine": socket.gethostname(),
     }
-    directive = _gate_directive(request)
     if directive is not None:
-        return _run_gated(task, sem, weight, opts, owner, directive, call)
+        return _run_gated(task, sem, weight, opts, owner, directive, call, fair, plan.partition)
     if request.called_directly or request.is_eager or not request.id:
-        return _run_blocking(task, sem, weight, opts, owner, call)
-    return _acquire_and_run(task, sem, weight, opts, owner, call)
+        return _run_blocking(task, sem, weight, opts, owner, call, fair, plan.partition)
+    return _acquire_and_run(task, sem, weight, opts, owner, call, fair, plan.partition)
+
+
+def _plan(
+    task: Any,
+    spec: LimitSpec,
+    args: tuple[Any, ...],
+    kwargs: Mapping[str, Any],
+    directive: Mapping[str, Any] | None,
+) -> targets.Plan:
+    """This call's targets; the partition is the one the execution already waits in (the
+    gate's, or the one a parked copy carries), else the delivery queue's."""
+    request = task.request
+    if args and args[0] is task:  # a bound task's wrapper gets self first
+        args = args[1:]
+    known = directive.get("p") if directive is not None else None
+    if not isinstance(known, str):
+        known = WaitState.from_request(request).partition
+    queue = None
+    if known is None and not (request.called_directly or request.is_eager):
+        queue = queues.delivery_queue(task.app, request.delivery_info)
+    return targets.resolve(task, spec, args, kwargs, queue, partition=known)
 
 
 def _gate_directive(request: Any) -> Mapping[str, Any] | None:
@@ -315,6 +374,8 @@ def _run_gated(
     owner: dict[str, Any],
     directive: Mapping[str, Any],
     call: Callable[[], _T],
+    fair: dict[str, Any],
+    partition: str,
 ) -> _T:
     """The gate held this task and decided: run with its grant, park, or time out."""
     request = task.request
@@ -330,17 +391,19 @@ def _run_gated(
             float(directive["x"]),
             str(directive["c"]),
         )
-        return _hold(task, sem, permit, opts, state, call, float(directive.get("w", 0.0)))
+        return _hold(
+            task, sem, permit, opts, state, call, float(directive.get("w", 0.0)), partition
+        )
     if do == "timeout":
         waited = float(directive.get("w", 0.0))
         raise _timeout(task, sem, waited, opts.max_wait or 0.0)
     # "park": held too long for the broker; re-publish with a countdown, keep the place
     first = state.first_wait if state.first_wait is not None else time.time()
-    state = WaitState(state.epoch, state.waits, first, state.takeover)
-    common = _common(weight, owner, uuid.uuid4().hex, state, opts)
+    state = WaitState(state.epoch, state.waits, first, state.takeover, partition)
+    common = _common(weight, owner, uuid.uuid4().hex, state, opts, fair)
     attempt = _park(task, sem, state, opts, ticket, common, registered=True)
     if attempt.permit is not None:
-        return _hold(task, sem, attempt.permit, opts, state, call)
+        return _hold(task, sem, attempt.permit, opts, state, call, partition=partition)
     return _drop_duplicate(task, sem, attempt)
 
 
@@ -350,9 +413,11 @@ def _common(
     claim: str,
     state: WaitState,
     opts: config.ResolvedOptions,
+    fair: dict[str, Any],
 ) -> dict[str, Any]:
     """The try_acquire arguments every attempt of one execution shares."""
     return {
+        **fair,
         "weight": weight,
         "owner": owner,
         "claim": claim,
@@ -369,16 +434,18 @@ def _run_blocking(
     opts: config.ResolvedOptions,
     owner: dict[str, Any],
     call: Callable[[], _T],
+    fair: dict[str, Any],
+    partition: str,
 ) -> _T:
     """Eager mode and direct calls: a Retry would recurse, so block for a bounded time."""
     bound = opts.max_wait
     if bound is None:
         bound = float(task.app.conf.get("semaphore_eager_timeout", 10.0))
     started = clock.monotonic()
-    permit = sem.acquire(weight=weight, timeout=bound, owner=owner)
+    permit = sem.acquire(weight=weight, timeout=bound, owner=owner, **fair)
     if permit is None:
         raise _timeout(task, sem, clock.monotonic() - started, bound)
-    return _hold(task, sem, permit, opts, WaitState(), call)
+    return _hold(task, sem, permit, opts, WaitState(), call, partition=partition)
 
 
 def _timeout(task: Any, sem: Semaphore, waited: float, bound: float) -> SemaphoreTimeout:
@@ -400,6 +467,8 @@ def _acquire_and_run(
     opts: config.ResolvedOptions,
     owner: dict[str, Any],
     call: Callable[[], _T],
+    fair: dict[str, Any],
+    partition: str,
 ) -> _T:
     """A task that did not come through the gate acquires in its worker slot: granted at
     once, or near the head of the line (``standby``) it waits in the slot up to
@@ -416,10 +485,11 @@ def _acquire_and_run(
             state.first_wait or time.time(),
             takeover=state.takeover or redelivered,
         )
+    state = WaitState(state.epoch, state.waits, state.first_wait, state.takeover, partition)
     ticket = f"{request.id}:{request.retries or 0}"
     # One claim per execution: a grant is only ever returned again to this execution (a call
     # re-sent by redis-py), never to another delivery of the same message.
-    common = _common(weight, owner, uuid.uuid4().hex, state, opts)
+    common = _common(weight, owner, uuid.uuid4().hex, state, opts, fair)
     try:
         attempt = sem.try_acquire(ticket, place_ttl=opts.wait_timeout + PLACE_SLACK, **common)
         standby = opts.standby if opts.standby is not None else sem.limit
@@ -456,7 +526,7 @@ def _acquire_and_run(
         )
         attempt = _park(task, sem, state, opts, ticket, common, registered=False)
     if attempt.permit is not None:
-        return _hold(task, sem, attempt.permit, opts, state, call)
+        return _hold(task, sem, attempt.permit, opts, state, call, partition=partition)
     if attempt.status is AttemptStatus.HELD_ELSEWHERE and state.takeover:
         # Our previous delivery holds the ticket's permit.  If it ran on this machine and its
         # process is gone (SIGKILL with reject_on_worker_lost: Celery tells nobody), take the
@@ -467,11 +537,11 @@ def _acquire_and_run(
         if attempt.permit is None:
             attempt = _park(task, sem, state, opts, ticket, common, registered=False)
         if attempt.permit is not None:
-            return _hold(task, sem, attempt.permit, opts, state, call)
+            return _hold(task, sem, attempt.permit, opts, state, call, partition=partition)
     if attempt.status is AttemptStatus.WAITING:
         attempt = _park(task, sem, state, opts, ticket, common, registered=True)
         if attempt.permit is not None:
-            return _hold(task, sem, attempt.permit, opts, state, call)
+            return _hold(task, sem, attempt.permit, opts, state, call, partition=partition)
     return _drop_duplicate(task, sem, attempt)
 
 
@@ -548,7 +618,7 @@ def _park(
         countdown = min(countdown, max(0.0, opts.max_wait - waited) + 0.05)
     retries = request.retries or 0
     epoch = state.epoch + 1
-    later = WaitState(epoch, state.waits + 1, first, state.takeover)
+    later = WaitState(epoch, state.waits + 1, first, state.takeover, state.partition)
     headers = {
         k: v for k, v in dict(request.headers or {}).items() if k not in (HEADER, GATE_HEADER)
     }
@@ -633,6 +703,7 @@ def _hold(
     state: WaitState,
     call: Callable[[], _T],
     waited: float | None = None,
+    partition: str | None = None,
 ) -> _T:
     permit._cs_policy = opts.on_lease_lost  # type: ignore[attr-defined]
     heartbeat.register(permit, interval=opts.heartbeat_interval, task_id=task.request.id)
@@ -647,7 +718,7 @@ def _hold(
         task=task.name,
         weight=permit.weight,
         wait=waited if waited is not None else _waited(state),
-        partition=None,
+        partition=partition,
     )
     held_since = clock.monotonic()  # ops: events
     try:

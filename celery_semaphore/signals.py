@@ -17,10 +17,11 @@ from typing import Any
 
 from celery import signals
 
-from . import config, events, worker_hooks
+from . import config, events, targets, worker_hooks
 from .decorators import spec_of
 from .exceptions import SemaphoreError
 from .runtime import handled_here, semaphore_for
+from .spec import Member
 
 __all__ = ["connect"]
 
@@ -39,13 +40,8 @@ def _on_worker_init(sender: Any = None, **_: Any) -> None:
             config.redis_url_for(app.conf)
         for task_name, spec in limited:
             config.resolve(app.conf, spec.options)  # task options with app settings
-            limit = config.semaphore_limit(app.conf, spec.name, spec.limit)
-            if spec.weight > limit:
-                raise ValueError(
-                    f"task {task_name}: weight={spec.weight} exceeds the limit of semaphore "
-                    f"{spec.name!r} ({limit}, from semaphore_limits); use a weight from 1 to "
-                    f"{limit} or raise the limit"
-                )
+            for member in spec.members:
+                _check_member(app.conf, task_name, member)
         worker_hooks.on_worker_init(app, sender)  # ops: registry and metrics
     except (TypeError, ValueError) as exc:
         log.critical("celery-semaphore: invalid configuration: %s", exc)
@@ -54,6 +50,34 @@ def _on_worker_init(sender: Any = None, **_: Any) -> None:
         from .gate import install
 
         install(app)
+
+
+def _check_member(conf: Any, task_name: str, member: Member) -> None:
+    """A static weight must fit the limit and every cap the settings give it."""
+    if not member.static_weight:
+        return  # checked per call
+    limit = config.semaphore_limit(conf, member.name, member.limit)
+    if member.weight > limit:
+        raise ValueError(
+            f"task {task_name}: weight={member.weight} exceeds the limit of semaphore "
+            f"{member.name!r} ({limit}, from semaphore_limits); use a weight from 1 to "
+            f"{limit} or raise the limit"
+        )
+    table = config.APP_SETTINGS["semaphore_queue_limits"][1]
+    caps = {**member.queue_limits}
+    caps.update(
+        (table("semaphore_queue_limits", conf.get("semaphore_queue_limits", None)) or {}).get(
+            member.name, {}
+        )
+    )
+    for partition, cap in caps.items():
+        if member.weight > cap:
+            raise ValueError(
+                f"task {task_name}: weight={member.weight} exceeds the cap of partition "
+                f"{partition!r} on semaphore {member.name!r} ({cap}, from "
+                f"semaphore_queue_limits); a run would never fit; use a cap of at least "
+                f"{member.weight}"
+            )
 
 
 def _release_dead(task: Any, task_id: str | None, request: Any, why: str) -> None:
@@ -68,24 +92,44 @@ def _release_dead(task: Any, task_id: str | None, request: Any, why: str) -> Non
         return
     try:
         opts = config.resolve(app.conf, spec.options)
-        limit = config.semaphore_limit(app.conf, spec.name, spec.limit)
-        sem = semaphore_for(app, spec.name, limit, opts.lease_ttl)
-        released = sem.release_token(token)
-    except (SemaphoreError, ValueError) as exc:
+        # the semaphores this execution took: its names may come from its arguments (the
+        # partition does not matter for a release)
+        plan = targets.resolve(
+            task,
+            spec,
+            tuple(getattr(request, "args", None) or ()),
+            dict(getattr(request, "kwargs", None) or {}),
+            None,
+            partition="",
+        )
+    except (TypeError, ValueError) as exc:
         log.error(
             "semaphore %r: could not release task %s after %s: %s", spec.name, task_id, why, exc
         )
         return
-    if released:
-        # ops: events
-        events.emit("reclaimed", name=spec.name, count=1, reason="crashed", task_id=task_id)
-        log.warning(
-            "semaphore %r: released the permit of task %s[%s] after %s",
-            spec.name,
-            task.name,
-            task_id,
-            why,
-        )
+    for target in plan.targets:
+        try:
+            sem = semaphore_for(app, target.name, target.limit, opts.lease_ttl)
+            released = sem.release_token(token)
+        except (SemaphoreError, ValueError) as exc:
+            log.error(
+                "semaphore %r: could not release task %s after %s: %s",
+                target.name,
+                task_id,
+                why,
+                exc,
+            )
+            continue
+        if released:
+            # ops: events
+            events.emit("reclaimed", name=target.name, count=1, reason="crashed", task_id=task_id)
+            log.warning(
+                "semaphore %r: released the permit of task %s[%s] after %s",
+                target.name,
+                task.name,
+                task_id,
+                why,
+            )
 
 
 def _on_task_failure(

@@ -47,7 +47,7 @@ _client: redis.Redis | None = None
 _pid = -1
 
 ENTER = """
-local n = redis.call('INCR', KEYS[1])
+local n = redis.call('INCRBY', KEYS[1], ARGV[2])
 if n > tonumber(redis.call('GET', KEYS[2]) or '0') then redis.call('SET', KEYS[2], n) end
 redis.call('RPUSH', KEYS[3], ARGV[1])
 return n
@@ -64,8 +64,8 @@ def bookkeeping() -> redis.Redis:
 class Body:
     """Enter/leave bookkeeping around a limited body (an independent concurrency counter)."""
 
-    def __init__(self, tag: str, name: str = "main") -> None:
-        self.tag, self.name = tag, name
+    def __init__(self, tag: str, name: str = "main", units: int = 1) -> None:
+        self.tag, self.name, self.units = tag, name, units
 
     def __enter__(self) -> Body:
         r = bookkeeping()
@@ -76,12 +76,13 @@ class Body:
             f"{PREFIX}:max:{self.name}",
             f"{PREFIX}:ran",
             self.tag,
+            self.units,
         )
         r.rpush(f"{PREFIX}:started", f"{self.tag}:{time.time()}")
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        bookkeeping().decr(f"{PREFIX}:inside:{self.name}")
+        bookkeeping().decrby(f"{PREFIX}:inside:{self.name}", self.units)
         bookkeeping().rpush(f"{PREFIX}:finished", f"{self.tag}:{time.time()}")
 
 
@@ -297,5 +298,26 @@ def crash_once(self: Any, tag: str, seconds: float = 0.5) -> str:
 def late_work(self: Any, tag: str, seconds: float = 0.05) -> str:
     """Like ``work``, but acknowledged only after the body (acks_late)."""
     with Body(tag):
+        time.sleep(seconds)
+    return tag
+
+
+# -- names and weights from the arguments (issue 4) -------------------------------------------
+
+
+@app.task(bind=True)
+@limited("cust:{customer}", limit=LIMIT, lease_ttl=LEASE)
+def per_customer(self: Any, customer: str | None, tag: str, seconds: float = 0.2) -> str:
+    """One semaphore per customer; counted per customer and over all customers."""
+    with Body(tag, f"cust-{customer}"), Body(f"{tag}+", "all-customers"):
+        time.sleep(seconds)
+    return tag
+
+
+@app.task(bind=True)
+@limited("units", limit=4, lease_ttl=LEASE, weight=lambda a: a["units"])
+def weighted(self: Any, tag: str, units: int, seconds: float = 0.1) -> str:
+    """Takes ``units`` of the 4 units of "units"; counted in units."""
+    with Body(tag, "units", units):
         time.sleep(seconds)
     return tag
