@@ -56,12 +56,30 @@ class Plan:
     checkouts: int  #: interactive charges, spread over ``spread`` seconds
     transcodes: int  #: bulk, 2 GPU units each
     thumbnails: int  #: interactive, 1 GPU unit each, spread over ``spread`` seconds
+    #: LLM summaries per customer: the first customer's all at the start, the others spread
+    summaries: tuple[tuple[str, int], ...]
     spread: float
     timeout: float  #: give up (exit status 3) when the work is not done by then
 
 
-FULL = Plan(billing=150, checkouts=60, transcodes=24, thumbnails=40, spread=20.0, timeout=150.0)
-QUICK = Plan(billing=24, checkouts=12, transcodes=4, thumbnails=10, spread=4.0, timeout=60.0)
+FULL = Plan(
+    billing=150,
+    checkouts=60,
+    transcodes=24,
+    thumbnails=40,
+    summaries=(("acme", 40), ("globex", 12), ("initech", 12)),
+    spread=20.0,
+    timeout=150.0,
+)
+QUICK = Plan(
+    billing=24,
+    checkouts=12,
+    transcodes=4,
+    thumbnails=10,
+    summaries=(("acme", 12), ("globex", 4)),
+    spread=4.0,
+    timeout=60.0,
+)
 
 
 @dataclass
@@ -71,6 +89,8 @@ class Limit:
     name: str
     limit: int
     queue_caps: dict[str, int] = field(default_factory=dict)
+    #: the name template it comes from (``llm:{customer_id}``), if any
+    template: str | None = None
 
 
 @dataclass
@@ -143,20 +163,33 @@ def _flood(plan: Plan, tasks: Any) -> list[tuple[float, Callable[[], tuple[str, 
     for i in range(plan.thumbnails):
         at = rng.uniform(0.2, plan.spread)
         schedule.append((at, sender(tasks.thumbnail, "interactive", f"upload-{i:03d}")))
+    for rank, (customer, count) in enumerate(plan.summaries):  # one big customer, some small
+        for i in range(count):
+            at = 0.0 if rank == 0 else rng.uniform(0.2, plan.spread)
+            schedule.append((at, sender(tasks.summarize, "interactive", customer, f"doc-{i}")))
     schedule.sort(key=lambda item: item[0])
     return schedule
 
 
-def _limits(tasks: Any) -> list[Limit]:
-    """The limits to check, read from the tasks themselves."""
+def _limits(app: Any, tasks: Any, plan: Plan) -> list[Limit]:
+    """The limits to check, read from the tasks themselves (and the app's
+    ``semaphore_queue_limits``); a name template gives one limit per customer sent for."""
     from celery_semaphore.decorators import spec_of
 
+    settings = app.conf.get("semaphore_queue_limits") or {}
     found: dict[str, Limit] = {}
-    for task in (tasks.charge, tasks.transcode, tasks.thumbnail):
+    for task in (tasks.charge, tasks.summarize, tasks.transcode, tasks.thumbnail):
         spec = spec_of(task)
         if spec is None:
             raise RuntimeError(f"{task.name} is not limited")
-        found.setdefault(spec.name, Limit(spec.name, spec.limit))
+        for member in spec.members:
+            template = member.template.text if member.dynamic_name and member.template else None
+            names = [member.name]
+            if template is not None:
+                names = [template.format(customer_id=c) for c, _ in plan.summaries]
+            for name in names:
+                caps = {**member.queue_limits, **settings.get(name, {})}
+                found.setdefault(name, Limit(name, member.limit, caps, template))
     return list(found.values())
 
 
@@ -213,6 +246,15 @@ def _percentile(values: list[float], fraction: float) -> float:
     return ordered[min(len(ordered) - 1, int(len(ordered) * fraction))]
 
 
+def _wait_stats(values: list[float]) -> dict[str, Any]:
+    return {
+        "tasks": len(values),
+        "wait_p50": round(_percentile(values, 0.5), 3),
+        "wait_p95": round(_percentile(values, 0.95), 3),
+        "wait_max": round(max(values, default=0.0), 3),
+    }
+
+
 def summarize(run: Run, leaked: dict[str, int], duration: float) -> dict[str, Any]:
     """The machine-readable summary (``--json``)."""
     peaks: dict[tuple[str, str], int] = defaultdict(int)
@@ -245,16 +287,20 @@ def summarize(run: Run, leaked: dict[str, int], duration: float) -> dict[str, An
                 "held": peak <= limit.limit and not over_cap,
             }
         )
-    waits: dict[str, list[float]] = defaultdict(list)
+    waits: dict[tuple[str, str], list[float]] = defaultdict(list)
     for task_id, sent in run.sent.items():
         if task_id in run.entered:
-            waits[sent.queue].append(run.entered[task_id] - sent.at)
+            wait = run.entered[task_id] - sent.at
+            waits[(sent.queue, "")].append(wait)
+            waits[(sent.queue, sent.task)].append(wait)
     queues_out = {
         q: {
-            "tasks": len(waits[q]),
-            "wait_p50": round(_percentile(waits[q], 0.5), 3),
-            "wait_p95": round(_percentile(waits[q], 0.95), 3),
-            "wait_max": round(max(waits[q], default=0.0), 3),
+            **_wait_stats(waits[(q, "")]),
+            "by_task": {
+                task: _wait_stats(values)
+                for (queue, task), values in sorted(waits.items())
+                if queue == q and task
+            },
         }
         for q in QUEUES
     }
@@ -278,7 +324,7 @@ def render_summary(summary: dict[str, Any]) -> str:
         f"{summary['done']}/{summary['sent']} tasks done in {summary['seconds']} s on 2 "
         f"workers ({', '.join(summary['workers'])})",
         "",
-        "semaphore          limit  tasks done  most at once*  by queue*                  "
+        "semaphore          limit  tasks done  most at once*  by queue*                    "
         "leaked  held",
     ]
     for item in summary["limits"]:
@@ -288,34 +334,51 @@ def render_summary(summary: dict[str, Any]) -> str:
         )
         rows.append(
             f"{item['semaphore']:<18} {item['limit']:>5}  {item['tasks_done']:>10}  "
-            f"{item['peak']:>13}  {by_queue:<25}  {item['leaked_permits']:>6}  "
+            f"{item['peak']:>13}  {by_queue:<27}  {item['leaked_permits']:>6}  "
             f"{'yes' if item['held'] else 'NO'}"
         )
     rows += [
         "* units in use at once, counted inside the task bodies (not by the semaphore)",
         "",
-        "queue        tasks  wait p50  wait p95  wait max   (queued -> body started)",
+        "queue / task       tasks  wait p50  wait p95  wait max   (queued -> body started)",
     ]
     for queue, q in summary["queues"].items():
-        rows.append(
-            f"{queue:<12} {q['tasks']:>5}  {q['wait_p50']:>7.2f}s  {q['wait_p95']:>7.2f}s  "
-            f"{q['wait_max']:>7.2f}s"
-        )
+        for label, stats in [(queue, q), *((f"  {t}", v) for t, v in q["by_task"].items())]:
+            rows.append(
+                f"{label:<18} {stats['tasks']:>5}  {stats['wait_p50']:>7.2f}s  "
+                f"{stats['wait_p95']:>7.2f}s  {stats['wait_max']:>7.2f}s"
+            )
     return "\n".join(rows)
 
 
-def _panels(run: Run) -> list[plot.Panel]:
-    panels = []
-    for limit in run.limits:
-        total: list[tuple[float, int]] = []
-        per_queue: dict[str, list[tuple[float, int]]] = defaultdict(list)
-        for event in run.events:
-            if event.meter != limit.name:
-                continue
+def _steps(run: Run, name: str) -> tuple[list[tuple[float, int]], dict[str, list[Any]]]:
+    """Units in use by meter ``name`` over time: in all, and per queue."""
+    total: list[tuple[float, int]] = []
+    per_queue: dict[str, list[tuple[float, int]]] = defaultdict(list)
+    for event in run.events:
+        if event.meter == name:
             at = event.at - run.started
             total.append((at, event.in_use))
             per_queue[event.queue].append((at, event.in_use_by_queue))
-        series = [plot.Series("in use", total, plot.PALETTE[0])]
+    return total, per_queue
+
+
+def _panels(run: Run) -> list[plot.Panel]:
+    """One panel per semaphore (in all, and per queue); one for all the semaphores of a name
+    template (one line each)."""
+    panels = []
+    by_template: dict[str, plot.Panel] = {}
+    for limit in run.limits:
+        total, per_queue = _steps(run, limit.name)
+        if limit.template is not None:
+            panel = by_template.get(limit.template)
+            if panel is None:
+                panel = by_template[limit.template] = plot.Panel(limit.template, limit.limit)
+                panels.append(panel)
+            color = plot.PALETTE[len(panel.series) % len(plot.PALETTE)]
+            panel.series.append(plot.Series(limit.name, total, color))
+            continue
+        series = [plot.Series("in use", total, plot.PALETTE[0], width=4)]
         for i, queue in enumerate(QUEUES, start=1):
             if per_queue.get(queue):
                 series.append(plot.Series(queue, per_queue[queue], plot.PALETTE[i]))
@@ -456,7 +519,7 @@ def _flood_and_watch(
 ) -> int:
     from celery_semaphore import Semaphore
 
-    run = Run(client, prefix, _limits(tasks))
+    run = Run(client, prefix, _limits(tasks.app, tasks, plan))
     semaphores = {
         limit.name: Semaphore(limit.name, limit.limit, redis=client, key_prefix=prefix)
         for limit in run.limits

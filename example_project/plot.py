@@ -21,6 +21,8 @@ class Series:
     #: (seconds since the start, value from then on), in time order
     steps: list[tuple[float, int]]
     color: Color = PALETTE[0]
+    #: line thickness in pixels (a total drawn thick, under its parts)
+    width: int = 2
 
 
 @dataclass
@@ -60,8 +62,8 @@ def _panel(canvas: Canvas, panel: Panel, duration: float, top: int) -> None:
     step = 5 if duration > 15 else 2 if duration > 6 else 1
     for s in range(0, int(duration) + 1, step):  # time axis
         canvas.vline(x_of(s), y1, y1 + 3, BLACK)
-        canvas.text(x_of(s) - 4 * len(str(s)), y1 + 6, str(s))
-    canvas.text(x1 - 60, y1 + 6, "SEC" if duration >= 10 else "")
+        label = f"{s}s"
+        canvas.text(x_of(s) - 4 * len(label), y1 + 6, label)
     canvas.hline(x0, x1, y1, BLACK)
     canvas.vline(x0, y0, y1, BLACK)
     legend_x = x0 + 16 + 8 * (len(panel.title) + 2)
@@ -70,8 +72,8 @@ def _panel(canvas: Canvas, panel: Panel, duration: float, top: int) -> None:
         canvas.hline(x0, x1, y, color, dash=0 if color == RED else 6)
         canvas.hline(x0, x1, y - 1, color, dash=0 if color == RED else 6)
         legend_x = canvas.text(legend_x, top + 8, label, color) + 16
-    for i, series in enumerate(panel.series):  # the first (the total) thick, under the rest
-        _steps(canvas, series, x_of, y_of, duration, thickness=4 if i == 0 else 2)
+    for series in panel.series:
+        _steps(canvas, series, x_of, y_of, duration, thickness=series.width)
         legend_x = canvas.text(legend_x, top + 8, series.label, series.color) + 16
 
 
