@@ -32,6 +32,8 @@ semaphore_redis_url = redis_url
 semaphore_key_prefix = key_prefix
 # A crashed worker's permits come back within 20 s (the heartbeat refreshes live ones).
 semaphore_lease_ttl = 20.0
-# Limits can be changed here without touching the tasks' code, e.g. when the gateway
-# raises our quota: semaphore_limits = {"payment-gateway": 5}
+# Limits and queue caps can be changed here without touching the tasks' code, e.g. when the
+# gateway raises our quota: {"payment-gateway": 5}; or to give bulk work less of it at night:
+# semaphore_queue_limits = {"payment-gateway": {"bulk": 1}}
 semaphore_limits: dict[str, int] = {}
+semaphore_queue_limits: dict[str, dict[str, int]] = {}

@@ -331,6 +331,7 @@ def render_summary(summary: dict[str, Any]) -> str:
         by_queue = "  ".join(
             f"{q} {v['peak']}" + (f" (cap {v['cap']})" if v["cap"] is not None else "")
             for q, v in item["queues"].items()
+            if v["peak"] or v["cap"] is not None
         )
         rows.append(
             f"{item['semaphore']:<18} {item['limit']:>5}  {item['tasks_done']:>10}  "
