@@ -201,21 +201,26 @@ def _bar(used: int, limit: int) -> str:
 
 
 def _view_lines(run: Run, semaphores: dict[str, Any]) -> list[str]:
+    """One line per semaphore: its permits in use in all and per queue (its partitions), as
+    the semaphore reports them, then the calls its service counts itself."""
     now = run.in_use()
     elapsed = time.time() - run.started
     lines = [f"{elapsed:5.1f}s  sent {len(run.sent)}  done {run.done}"]
     for limit in run.limits:
         snap = semaphores[limit.name].inspect()
-        by_queue: dict[str, int] = defaultdict(int)
-        for holder in snap.holders:
-            sent = run.sent.get(str(holder.owner.get("task_id", "")))
-            by_queue[sent.queue if sent else "?"] += holder.weight
-        queues = "  ".join(f"{q} {by_queue.get(q, 0)}" for q in QUEUES)
-        served = "  ".join(f"{q} {now.get((limit.name, q), 0)}" for q in QUEUES)
+        parts = {p.name: p for p in snap.partitions}
+        queues, served = [], []
+        for queue in QUEUES:
+            part, serving = parts.get(queue), now.get((limit.name, queue), 0)
+            if part is not None:
+                cap = f"/{part.cap}" if part.cap is not None else ""
+                queues.append(f"{queue} {part.used}{cap} ({part.waiters} waiting)")
+            if part is not None or serving:
+                served.append(f"{queue} {serving}")
         lines.append(
             f"  {limit.name:<16} [{_bar(snap.used, snap.limit)}] {snap.used}/{snap.limit}  "
-            f"{queues}  waiting {len(snap.waiters):3d} | served "
-            f"{now.get((limit.name, ''), 0)}: {served}"
+            f"{'  '.join(queues) or 'idle':<44} | served {now.get((limit.name, ''), 0)}"
+            + (f": {'  '.join(served)}" if served else "")
         )
     return lines
 
@@ -229,11 +234,12 @@ class LiveView:
         self.drawn = 0
 
     def show(self, lines: list[str]) -> None:
-        if self.tty and self.drawn:
+        if self.tty and self.drawn:  # back to the first line drawn last time, and clear below
             self.stream.write(f"\x1b[{self.drawn}F\x1b[J")
         self.stream.write("\n".join(lines) + "\n")
         self.stream.flush()
-        self.drawn = len(lines)
+        width = max(1, shutil.get_terminal_size().columns)
+        self.drawn = sum(max(1, -(-len(line) // width)) for line in lines)  # wrapped lines too
 
 
 # -- the summary ---------------------------------------------------------------------------------
@@ -528,8 +534,8 @@ def _flood_and_watch(
     schedule = _flood(plan, tasks)
     view = LiveView()
     print(
-        "every second: permits in use per semaphore and queue, tasks waiting in line | calls "
-        "the service is serving (counted in the task bodies, not by the semaphore)"
+        "every second: permits in use per semaphore, and per queue (tasks waiting in its "
+        "line) | calls the service is serving (counted in the task bodies, not by the semaphore)"
     )
     run.started = time.time()
     next_view = run.started + 1.0
