@@ -254,7 +254,7 @@ def _limits(param: str, value: object) -> dict[str, int] | None:
 SPEC_OPTIONS = ("weight", "partition", "queue_limits", "queue_weights")
 
 #: the largest partition weight the core accepts
-MAX_PARTITION_WEIGHT = 1000
+MAX_PARTITION_WEIGHT = _validate.MAX_PARTITION_WEIGHT
 
 
 def _partition_map(

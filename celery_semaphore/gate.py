@@ -52,6 +52,7 @@ from .keys import node_wake_key
 from .runtime import (
     GATE_HEADER,
     HEADER,
+    QUEUE_KEY,
     WaitState,
     gate_nonce,
     register_gate,
@@ -172,6 +173,7 @@ class Gate:
         req.request_dict.pop(GATE_HEADER, None)
         if spec is None or not self.app.conf.get("semaphore_enabled", True):
             return self._dispatch_to_pool(req)
+        stamp_queue(req, self.app, self.consumer)
         try:
             entry = self._entry(req, spec)
         except (SemaphoreError, ValueError, TypeError) as exc:
@@ -203,11 +205,7 @@ class Gate:
         headers = req.request_dict
         retries = int(headers.get("retries") or 0)
         state = WaitState.from_headers(headers.get(HEADER), retries)
-        queue = None
-        if state.partition is None:
-            message = getattr(req, "message", None)
-            info = getattr(message, "delivery_info", None) or req.delivery_info
-            queue = queues.delivery_queue(self.app, info, self.consumer)
+        queue = req.request_dict.get(QUEUE_KEY) if state.partition is None else None
         plan = targets.resolve(
             req.task, spec, req.args, req.kwargs, queue, partition=state.partition
         )
@@ -609,8 +607,38 @@ def _expired(req: Any) -> bool:
     return bool(expires is not None and expires <= datetime.now(timezone.utc))
 
 
+def stamp_queue(req: Any, app: Any, consumer: Any) -> None:
+    """Tell the body which queue ``req`` was delivered from (see :data:`QUEUE_KEY`): only the
+    consumer can map the message's AMQP consumer tag to its queue."""
+    message = getattr(req, "message", None)
+    info = getattr(message, "delivery_info", None) or req.delivery_info
+    req.request_dict[QUEUE_KEY] = queues.delivery_queue(app, info, consumer) or ""
+
+
+class _QueueStamp:
+    """``on_task_request`` without a gate: stamp limited requests with their queue."""
+
+    def __init__(self, consumer: Any, dispatch: Callable[[Any], Any]) -> None:
+        self.consumer = consumer
+        self.dispatch = dispatch
+        self.limited: dict[str, bool] = {}
+
+    def __call__(self, req: Any) -> Any:
+        from .decorators import spec_of
+
+        name = req.task.name
+        if name not in self.limited:
+            self.limited[name] = spec_of(req.task) is not None
+        if self.limited[name]:
+            stamp_queue(req, self.consumer.app, self.consumer)
+        else:
+            req.request_dict.pop(QUEUE_KEY, None)
+        return self.dispatch(req)
+
+
 class GateStep(bootsteps.StartStopStep):  # type: ignore[misc]
-    """Consumer bootstep wrapping ``on_task_request`` with a :class:`Gate`."""
+    """Consumer bootstep wrapping ``on_task_request`` with a :class:`Gate` (or, when the gate
+    is off, with the queue stamp alone)."""
 
     label = "celery-semaphore gate"
     requires = ("celery.worker.consumer.tasks:Tasks",)
@@ -622,7 +650,10 @@ class GateStep(bootsteps.StartStopStep):  # type: ignore[misc]
         hold = int(c.app.conf.get("semaphore_worker_hold", hold))
         green = bool(getattr(c.pool, "is_green", False))
         if (getattr(c, "hub", None) is None and not green) or hold <= 0:
-            return  # no event loop to hand requests back on, and a pool that needs one
+            # no event loop to hand requests back on (and a pool that needs one), or no gate
+            # wanted: the body acquires, knowing its queue
+            c.on_task_request = _QueueStamp(c, c.on_task_request)
+            return
         self.gate = Gate(c, c.on_task_request, hold)
         c.on_task_request = self.gate.on_task_request
 

@@ -53,6 +53,7 @@ from .spec import LimitSpec
 __all__ = [
     "GATE_HEADER",
     "HEADER",
+    "QUEUE_KEY",
     "WaitState",
     "checkpoint",
     "client_for",
@@ -67,6 +68,9 @@ __all__ = [
 ]
 
 HEADER = "semaphore_wait"
+#: the request key in which the worker's consumer tells the body which queue the message came
+#: from (it knows the AMQP consumer tag; a pool process does not); never a message header
+QUEUE_KEY = "semaphore_queue"
 #: the request key in which the worker-side gate hands its grant to the body (never a message
 #: header: the gate strips it from incoming messages)
 GATE_HEADER = "semaphore_gate"
@@ -351,7 +355,11 @@ def _plan(
         known = WaitState.from_request(request).partition
     queue = None
     if known is None and not (request.called_directly or request.is_eager):
-        queue = queues.delivery_queue(task.app, request.delivery_info)
+        stamped = getattr(request, QUEUE_KEY, None)
+        if isinstance(stamped, str) and stamped:
+            queue = stamped
+        else:
+            queue = queues.delivery_queue(task.app, request.delivery_info)
     return targets.resolve(task, spec, args, kwargs, queue, partition=known)
 
 

@@ -17,7 +17,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from . import _validate, config
-from .semaphore import Semaphore
 from .spec import LimitSpec, Member, _Queue
 from .templates import Template, call_arguments
 
@@ -50,16 +49,12 @@ class Plan:
 
     def fair(self, target: Target) -> dict[str, Any]:
         """The partition arguments of the core's try_acquire/acquire/wait for ``target``."""
-        if not _CORE_HAS_PARTITIONS:
-            return {}
         return {
             "partition": self.partition,
             "partition_cap": target.partition_cap,
             "partition_weight": self.partition_weight,
         }
 
-
-_CORE_HAS_PARTITIONS = "partition" in inspect.signature(Semaphore.try_acquire).parameters
 
 _sig_lock = threading.Lock()
 _signatures: dict[tuple[int, str], inspect.Signature] = {}

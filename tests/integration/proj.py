@@ -321,3 +321,37 @@ def weighted(self: Any, tag: str, units: int, seconds: float = 0.1) -> str:
     with Body(tag, "units", units):
         time.sleep(seconds)
     return tag
+
+
+# -- fair sharing between queues (issue 4) ----------------------------------------------------
+
+
+def _queue_of(task: Any) -> str:
+    return str((task.request.delivery_info or {}).get("routing_key") or "")
+
+
+def _fair_body(task: Any, tag: str, seconds: float, counter: str) -> str:
+    """Record the grant (tag, fencing token, queue) and count the body per queue and in all."""
+    from celery_semaphore import current_permits
+
+    queue = _queue_of(task)
+    fencing = current_permits()[0].fencing_token
+    node = task.request.hostname
+    bookkeeping().rpush(f"{PREFIX}:grants", f"{tag}|{fencing}|{queue}|{node}")
+    with Body(tag, f"{counter}-{queue}"), Body(f"{tag}+", counter):
+        time.sleep(seconds)
+    return tag
+
+
+@app.task(bind=True)
+@limited("fair", limit=LIMIT, lease_ttl=LEASE)
+def fair_work(self: Any, tag: str, seconds: float = 0.02) -> str:
+    """Partitioned by delivery queue (the default)."""
+    return _fair_body(self, tag, seconds, "fair")
+
+
+@app.task(bind=True)
+@limited("fifo", limit=LIMIT, lease_ttl=LEASE, partition=None)
+def fifo_work(self: Any, tag: str, seconds: float = 0.02) -> str:
+    """One line for all queues (fairness off)."""
+    return _fair_body(self, tag, seconds, "fifo")
