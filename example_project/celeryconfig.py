@@ -28,6 +28,9 @@ worker_prefetch_multiplier = 1
 worker_hijack_root_logger = False
 
 # celery-semaphore
+# A kill switch: EXAMPLE_SEMAPHORE_ENABLED=0 runs the tasks without any limit (the demo then
+# shows, and exits with status 1, how far the services get overrun).
+semaphore_enabled = os.environ.get("EXAMPLE_SEMAPHORE_ENABLED", "1") != "0"
 semaphore_redis_url = redis_url
 semaphore_key_prefix = key_prefix
 # A crashed worker's permits come back within 20 s (the heartbeat refreshes live ones).

@@ -133,6 +133,31 @@ def test_quick_demo_holds_its_limits(tmp_path: Path) -> None:
         assert _gone(pgid), f"process group {pgid} outlived the demo"
 
 
+def test_the_demo_fails_when_the_limits_are_off(tmp_path: Path) -> None:
+    """The demo's check can fail: with the semaphores switched off, the services see more
+    calls at once than their limits, and the demo says so with exit status 1."""
+    summary_path = tmp_path / "summary.json"
+    proc = subprocess.run(
+        [
+            *(sys.executable, "-m", "example_project", "--quick"),
+            *("--json", str(summary_path), "--png", str(tmp_path / "p.png")),
+        ],
+        cwd=tmp_path,
+        env={**_environ(), "EXAMPLE_SEMAPHORE_ENABLED": "0"},
+        capture_output=True,
+        text=True,
+        timeout=200,
+        check=False,
+    )
+    assert proc.returncode == 1, (proc.stdout + proc.stderr)[-5000:]
+    assert "LIMIT EXCEEDED" in proc.stdout
+    summary = json.loads(summary_path.read_text())
+    assert summary["complete"]
+    assert not summary["ok"]
+    over = {item["semaphore"] for item in summary["limits"] if not item["held"]}
+    assert "payment-gateway" in over, summary["limits"]
+
+
 def test_ctrl_c_twice_stops_every_process_it_started(tmp_path: Path) -> None:
     proc = subprocess.Popen(
         [sys.executable, "-m", "example_project", "--png", str(tmp_path / "p.png")],
