@@ -294,6 +294,10 @@ class Semaphore:
     :param poll_interval: how often a blocked waiter re-checks if no wake-up comes.
     :param on_wake: called as ``on_wake(ticket, data)`` for parked waiters (those that gave wake
         data) that units were freed for; blocked waiters are woken without it.
+    :param hash_tag: put this semaphore's keys in the Redis Cluster slot of ``{hash_tag}``
+        instead of one of its own (the name is still part of every key).  Semaphores used
+        together in a :class:`~celery_semaphore.SemaphoreGroup` on a Redis Cluster must share
+        one hash tag.
     :param aging: seconds after which a waiter at the head of its partition's line that does
         not fit in the free units has them reserved for it, so later arrivals in other
         partitions stop overtaking it (see "Fair sharing" in the docs).  0 reserves at once.
@@ -311,6 +315,7 @@ class Semaphore:
         poll_interval: float = DEFAULT_POLL_INTERVAL,
         on_wake: WakeHandler | None = None,
         aging: float = DEFAULT_AGING,
+        hash_tag: str | None = None,
     ) -> None:
         self.name = _validate.name("name", name)
         self.limit = _validate.positive_int("limit", limit)
@@ -321,7 +326,8 @@ class Semaphore:
         self.on_wake = on_wake
         self.aging = _validate.non_negative_seconds("aging", aging)
         self._aging_ms = int(self.aging * 1000)
-        self.keys = SemaphoreKeys.for_name(self.name, self.key_prefix)
+        self.hash_tag = None if hash_tag is None else _validate.name("hash_tag", hash_tag)
+        self.keys = SemaphoreKeys.for_name(self.name, self.key_prefix, self.hash_tag)
         if isinstance(redis, str):
             self._url: str | None = _validate.redis_url("redis", redis)
             self._client: Any = None

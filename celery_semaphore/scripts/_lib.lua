@@ -279,7 +279,9 @@ end
 
 -- The waiters that the free units belong to, in the order they are served.
 --
--- The rule (docs/concepts.md, "Fair sharing"): among the partitions with waiters, the next
+-- Waiters named in a wake-up less than their wake grace ago come first (each keeps the units it
+-- was named for).  Then the rule (docs/concepts.md, "Fair sharing"): among the partitions with
+-- waiters, the next
 -- units go to the one furthest below its fair share: the lowest used_p / weight_p (units it
 -- holds, counting those handed out in this very computation, per unit of partition weight;
 -- that is used_p / share_p with share_p = limit * weight_p / sum of the weights, the same
@@ -358,15 +360,49 @@ local function entitled(limit, aging)
     return entry
   end
 
+  -- the head waiter of a partition, passing over line members without a field (cannot happen)
+  local function live_head(p)
+    local h = head(p)
+    while h and not h[3] do
+      p.at = p.at + 1
+      h = head(p)
+    end
+    return h
+  end
+
+  local function serve(p, h)
+    out[#out + 1] = {h[2], h[3]}
+    free = free - h[3].w
+    p.used = p.used + h[3].w
+    p.at = p.at + 1
+  end
+
+  -- First, waiters named in a wake-up less than their wake grace ago keep the units they were
+  -- named for: they are on their way, and a newcomer in another partition does not take those
+  -- units back.  (They stand at the front of their lines: they were entitled when named.)
+  for _, p in ipairs(parts) do
+    while free > 0 do
+      local h = live_head(p)
+      if not h then break end
+      local info = h[3]
+      local w = info.w
+      if w > limit or (p.cap and w > p.cap) then
+        p.at = p.at + 1  -- can never fit
+      elseif info.wk == 0 or now - info.wk >= info.g or w > free
+          or (p.cap and p.used + w > p.cap) then
+        break
+      else
+        serve(p, h)
+      end
+    end
+  end
+
+  -- Then the fair-share order.
   while free > 0 do
     local best, best_head
     for _, p in ipairs(parts) do
       if not p.done then
-        local h = head(p)
-        while h and not h[3] do  -- a member without its field (cannot happen): pass over it
-          p.at = p.at + 1
-          h = head(p)
-        end
+        local h = live_head(p)
         if not h then
           p.done = true
         elseif not best then
@@ -388,10 +424,7 @@ local function entitled(limit, aging)
       if now - tonumber(info.since) >= aging then break end
       best.done = true
     else
-      out[#out + 1] = {best_head[2], info}
-      free = free - w
-      best.used = best.used + w
-      best.at = best.at + 1
+      serve(best, best_head)
     end
   end
   return out

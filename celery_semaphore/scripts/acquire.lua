@@ -116,7 +116,9 @@ end
 
 local moved_from = false
 if info then
-  if info.d ~= data or info.e ~= epoch then info.wk = 0 end
+  -- a changed waiter is named again in a later wake-up (with its new data), unless it was
+  -- named just now: then this call is it coming for its units
+  if (info.d ~= data or info.e ~= epoch) and now - info.wk >= info.g then info.wk = 0 end
   if info.p ~= part then  -- the ticket comes back in another partition: same arrival number
     redis.call('ZREM', K_LINE, line_member(info.p, info.seq, ticket))
     redis.call('ZADD', K_LINE, 0, line_member(part, info.seq, ticket))

@@ -108,6 +108,28 @@ class Model:
                 parts[w.partition] = Part([], self.part_used(w.partition), cap, weight)
             parts[w.partition].line.append(w)
         seq = {w.ticket: i for i, w in enumerate(self.waiters)}
+
+        def fits(p: Part, head: Waiter) -> bool:
+            return head.weight <= free and (p.cap is None or p.used + head.weight <= p.cap)
+
+        def never_fits(p: Part, head: Waiter) -> bool:
+            return head.weight > limit or (p.cap is not None and head.weight > p.cap)
+
+        # waiters named in a wake-up (within their grace, which outlasts an example) keep the
+        # units they were named for; partitions in the order of the line's members
+        for name in sorted(parts, key=lambda n: (len(n.encode()), n.encode())):
+            p = parts[name]
+            while free > 0 and p.at < len(p.line):
+                head = p.line[p.at]
+                if never_fits(p, head):
+                    p.at += 1
+                elif head.ticket in self.named and fits(p, head):
+                    out.append(head.ticket)
+                    free -= head.weight
+                    p.used += head.weight
+                    p.at += 1
+                else:
+                    break
         while free > 0:
             best: Part | None = None
             for p in parts.values():
@@ -284,6 +306,7 @@ class SemaphoreMachine(RuleBasedStateMachine):
             "weight": weight,
             "place_ttl": LONG if queue else 0.0,
             "wake_data": PARKED,
+            "wake_grace": LONG,
             "partition": partition,
             "partition_cap": cap,
             "partition_weight": part_weight,

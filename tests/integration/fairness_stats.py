@@ -28,6 +28,7 @@ __all__ = [
     "jain",
     "max_overtaken",
     "percentile",
+    "usage_between",
     "usage_while_all_wait",
 ]
 
@@ -85,6 +86,16 @@ def usage_while_all_wait(
         if part in waiting:
             (waiting if kind == "wait" else using)[part] += delta
     return ({p: area[p] / span if span else 0.0 for p in partitions}, span)
+
+
+def usage_between(samples: Iterable[Sample], start: float, end: float) -> dict[str, float]:
+    """Each partition's mean units in use (bodies running) from ``start`` to ``end``."""
+    out: dict[str, float] = {}
+    for s in samples:
+        overlap = min(s.finished, end) - max(s.started, start)
+        if overlap > 0:
+            out[s.partition] = out.get(s.partition, 0.0) + overlap
+    return {p: v / (end - start) for p, v in out.items()}
 
 
 def jain(values: Sequence[float]) -> float:

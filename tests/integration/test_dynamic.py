@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 
 from celery_semaphore import registry
+from tests.ops.conftest import run_cli
 
 from . import proj
 from .helpers import holders, max_inside, ran, semaphore
@@ -45,6 +46,15 @@ def test_per_customer_limits_hold_independently(env: Env) -> None:
     for name in names:
         assert name in known, sorted(known)
         assert known[name].tasks == {proj.per_customer.name: (env.limit, 1)}
+    # and the operator's `celery semaphore list` shows them, without scanning Redis
+    app = env.client_app()
+    try:
+        listed = run_cli(app, "list", "--no-scan", "--json")
+    finally:
+        app.close()
+    assert listed.exit_code == 0, listed.output
+    for name in names:
+        assert f'"{name}"' in listed.stdout, listed.stdout
     raw = env.redis().hget(registry.registry_key(env.prefix), "cust:acme")
     assert raw is not None
     assert b'"template": "cust:{customer}"' in raw

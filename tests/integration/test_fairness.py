@@ -161,3 +161,29 @@ def test_a_queue_cap_is_never_exceeded(two_queues: tuple[Env, str, str]) -> None
     assert max_inside(env, f"fair-{qb}") >= 3  # B takes what A may not
     assert max_inside(env, "fair") <= LIMIT
     wait_until(lambda: not holders(env, "fair"), 10, what="no holders")
+
+
+def test_queue_weights_share_the_units_in_proportion(two_queues: tuple[Env, str, str]) -> None:
+    """Both queues flooded; A weighs 3 (``semaphore_queue_weights``), B 1: while both wait, A
+    holds about 3 of the 4 units and B 1."""
+    env, qa, qb = two_queues
+    env.extra = {"semaphore_queue_weights": {"fair": {qa: 3}}}
+    (node,) = start_workers(env, {"pool": "threads", "concurrency": 8, "queues": [qa, qb]})
+    app = env.client_app()
+    sent: dict[str, tuple[str, float]] = {}
+    try:
+        for i in range(120):
+            for queue, name in ((qa, "A"), (qb, "B")):
+                tag = f"{name}{i:03d}"
+                sent[tag] = (queue, time.time())
+                app.send_task(proj.fair_work.name, (tag, 0.05), queue=queue)
+        wait_until(
+            lambda: len(ledger(env, "finished")) >= 2 * len(sent), 60, 0.2, what="all finished"
+        )
+    finally:
+        app.close()
+        stop_workers([node])
+    use, span = usage_while_all_wait(collect(env, sent), [qa, qb])
+    assert span > 1.0
+    assert 2.2 <= use[qa] / use[qb] <= 4.5, use  # 3:1, give or take the hand-over gaps
+    assert max_inside(env, "fair") <= LIMIT
