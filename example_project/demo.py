@@ -120,7 +120,9 @@ class Run:
 
     def poll(self) -> None:
         """Read the meter's new events."""
-        new = meter.read_events(self.client, self.prefix, len(self.events))
+        self.record(meter.read_events(self.client, self.prefix, len(self.events)))
+
+    def record(self, new: list[meter.Event]) -> None:
         self.events.extend(new)
         for event in new:
             if event.delta > 0:
