@@ -8,8 +8,9 @@ then default.  Settings are read lazily with ``app.conf.get`` (never ``add_defau
 values would beat ``config_from_object``) and validated at worker start.
 
 Settings that only exist at app level: ``semaphore_redis_url``, ``semaphore_key_prefix``,
-``semaphore_limits``, ``semaphore_queue_limits``, ``semaphore_queue_weights``,
-``semaphore_enabled``, ``semaphore_eager_timeout``, ``semaphore_worker_hold``,
+``semaphore_hash_tag``, ``semaphore_limits``, ``semaphore_queue_limits``,
+``semaphore_queue_weights``, ``semaphore_enabled``, ``semaphore_eager_timeout``,
+``semaphore_worker_hold``,
 ``semaphore_metrics_port``, ``semaphore_metrics_address``.
 """
 
@@ -162,6 +163,12 @@ APP_SETTINGS: dict[str, tuple[Any, Callable[[str, object], Any], str]] = {
         "celery_semaphore",
         lambda p, v: validate_prefix(v),
         "First part of every Redis key.",
+    ),
+    "semaphore_hash_tag": (
+        None,
+        lambda p, v: None if v is None else _validate.name(p, v),
+        "Put every semaphore's keys in the Redis Cluster slot of this one hash tag (needed for "
+        "several semaphores per task on a Redis Cluster); None gives each semaphore its own.",
     ),
     "semaphore_limits": (
         None,

@@ -184,7 +184,8 @@ def semaphore_for(app: Any, name: str, limit: int, lease_ttl: float) -> Semaphor
     conf = app.conf
     url = config.redis_url_for(conf)
     prefix = conf.get("semaphore_key_prefix", "celery_semaphore")
-    key = (os.getpid(), url, prefix, name, limit, lease_ttl, id(app))
+    hash_tag = conf.get("semaphore_hash_tag", None)
+    key = (os.getpid(), url, prefix, hash_tag, name, limit, lease_ttl, id(app))
     now = clock.monotonic()
     with _cache_lock:
         found = _semaphores.get(key)
@@ -199,6 +200,7 @@ def semaphore_for(app: Any, name: str, limit: int, lease_ttl: float) -> Semaphor
         lease_ttl=lease_ttl,
         key_prefix=prefix,
         on_wake=_Redispatcher(app),
+        hash_tag=hash_tag,
     )
     with _cache_lock:
         sem = _semaphores.setdefault(key, (sem, now))[0]

@@ -79,3 +79,24 @@ def test_weight_from_the_arguments(env: Env) -> None:
     assert max_inside(env, "units") == 4  # units in use: never above the limit, and reached
     wait_until(lambda: holders(env, "units") == [], 10, what="no holders")
     assert "heavy" not in ran(env)
+
+
+def test_hash_tag_setting_puts_every_semaphore_in_one_slot(env: Env) -> None:
+    env.extra = {"semaphore_hash_tag": "shared"}
+    worker = start_worker(env, pool="threads", concurrency=4)
+    app = env.client_app()
+    try:
+        results = [
+            app.send_task(proj.per_customer.name, (c, f"{c}{i}", 0.05))
+            for i in range(4)
+            for c in "xy"
+        ]
+        assert len([r.get(timeout=30) for r in results]) == 8
+    finally:
+        app.close()
+        worker.stop()
+    keys = [k.decode() for k in env.redis().scan_iter(match=f"{env.prefix}:{{*")]
+    assert keys, "the semaphores' keys"
+    assert all(k.startswith(f"{env.prefix}:{{shared}}:") for k in keys), keys
+    assert max_inside(env, "cust-x") == env.limit
+    assert max_inside(env, "cust-y") == env.limit
