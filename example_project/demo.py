@@ -436,7 +436,7 @@ def _delete_prefix(client: redis.Redis, prefix: str) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m example_project", description=__doc__)
-    parser.add_argument("--quick", action="store_true", help="less work: about 15 s")
+    parser.add_argument("--quick", action="store_true", help="less work: under 15 s")
     parser.add_argument("--json", type=Path, help="write the summary as JSON to this file")
     parser.add_argument(
         "--png",
