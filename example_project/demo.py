@@ -7,7 +7,8 @@
 2. starts two ``celery worker`` processes consuming ``interactive`` and ``bulk``: one prefork
    with 3 child processes, one with 8 threads;
 3. floods them: a monthly billing run (bulk charges), checkouts trickling in (interactive
-   charges), video transcodes and thumbnails on the GPUs;
+   charges), one customer's batch of LLM summaries while others send a few, video transcodes
+   and thumbnails on the GPUs;
 4. shows, about once a second, the permits in use per semaphore and per queue (as the
    semaphore reports them) next to the calls the services are serving (counted inside the
    task bodies, independently of the semaphore: :mod:`example_project.meter`);
@@ -435,7 +436,15 @@ def _delete_prefix(client: redis.Redis, prefix: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m example_project", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="python -m example_project",
+        description="Run example_project on two real Celery workers under a flood of work, "
+        "show the permits in use live, and check that no limit was ever exceeded.",
+        epilog="environment: REDIS_URL (default: start a throwaway redis-server), "
+        "EXAMPLE_SEMAPHORE_ENABLED=0 (run without the limits). Exit status: 0 the limits "
+        "held, 1 a limit or queue cap exceeded or a permit leaked, 2 the demo could not run, "
+        "3 the work did not finish in time, 130 interrupted.",
+    )
     parser.add_argument("--quick", action="store_true", help="less work: under 15 s")
     parser.add_argument("--json", type=Path, help="write the summary as JSON to this file")
     parser.add_argument(
