@@ -18,6 +18,7 @@ from .exceptions import (
 
 if TYPE_CHECKING:
     from .decorators import limited
+    from .group import GroupPermit, SemaphoreGroup
     from .runtime import checkpoint, current_permits
     from .semaphore import (
         Attempt,
@@ -56,11 +57,15 @@ _CELERY_LAYER = {
 }
 
 
+_GROUP = frozenset({"GroupPermit", "SemaphoreGroup"})
+
+
 def __getattr__(name: str) -> Any:
-    if name in _CORE:
+    if name in _CORE or name in _GROUP:
         from importlib import import_module
 
-        value = getattr(import_module(f"{__name__}.semaphore"), name)
+        module = "group" if name in _GROUP else "semaphore"
+        value = getattr(import_module(f"{__name__}.{module}"), name)
         globals()[name] = value
         return value
     if name in _CELERY_LAYER:
@@ -90,6 +95,8 @@ __all__ = [
     # the core primitive
     "Semaphore",
     "Permit",
+    "SemaphoreGroup",
+    "GroupPermit",
     # inspection and the low-level API
     "Attempt",
     "AttemptStatus",

@@ -64,6 +64,9 @@ def _record_dynamic_names(app: Any, worker: Any) -> None:
     from . import config, events, registry
     from .decorators import spec_of
 
+    node = str(getattr(worker, "hostname", "") or "")
+    if not node:
+        return  # not a worker node (a test calling the hook): subscribe nothing for good
     if not any(
         m.dynamic_name
         for t in list(app.tasks.values())
@@ -72,7 +75,6 @@ def _record_dynamic_names(app: Any, worker: Any) -> None:
     ):
         return
     prefix = app.conf.get("semaphore_key_prefix", "celery_semaphore")
-    node = str(getattr(worker, "hostname", "") or "")
 
     def on_event(kind: str, fields: dict[str, Any]) -> None:
         if kind != "used":

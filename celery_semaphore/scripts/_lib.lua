@@ -59,6 +59,22 @@ local CAN_DISPATCH = ARGV[#ARGV] == '1'
 local now, now_text, used, limit_override, waiting, reclaimed = 0, '0', 0, false, 0, 0
 local pused, default_record = 0, false
 
+-- Group scripts work on several semaphores, three KEYS each (member i: KEYS[3i-2 .. 3i]); use(i)
+-- makes member i the one every function here works on, keeping each member's counters.
+local members, current = {}, 1
+local function use(i)
+  if i == current then return end
+  members[current] = {used, limit_override, waiting, reclaimed, pused, default_record}
+  K_EXP, K_STATE, K_LINE = KEYS[3 * i - 2], KEYS[3 * i - 1], KEYS[3 * i]
+  local saved = members[i]
+  if saved then
+    used, limit_override, waiting, reclaimed, pused, default_record = unpack(saved, 1, 6)
+  else
+    used, limit_override, waiting, reclaimed, pused, default_record = 0, false, 0, 0, 0, false
+  end
+  current = i
+end
+
 -- Server time in integer ms, as a number and as text.  Built from TIME's digits: Lua's
 -- number-to-text conversion is slow next to everything else the fast paths do.
 local function now_ms()
@@ -275,6 +291,90 @@ local function drop_waiter(ticket, info)
   redis.call('ZREM', K_EXP, 'w:' .. ticket)
   redis.call('HDEL', K_STATE, 'w:' .. ticket)
   part_changed(info.p, 0)
+end
+
+-- The partition's record takes this acquirer's cap (-1: none) and weight (the last writer's
+-- count); the default partition has one only when they are not the defaults (written here),
+-- another partition always (its used count too: written by store_record() or grant()).
+-- part_raw: its record as read.  Returns the record table for grant() (nil for '') and the
+-- units the partition holds.
+local function partition_record(part, part_raw, cap, part_weight)
+  if part ~= '' then
+    local part_used = parse_part(part_raw)
+    return {part_used, cap, part_weight}, part_used
+  end
+  if cap < 0 and part_weight == 1 then
+    if part_raw then
+      redis.call('HDEL', K_STATE, 'p:')
+      default_record = false
+    end
+  else
+    local wanted = '0 ' .. cap .. ' ' .. part_weight
+    if part_raw ~= wanted then
+      redis.call('HSET', K_STATE, 'p:', wanted)
+      default_record = wanted
+    end
+  end
+  return nil, used - pused
+end
+
+local function store_record(part, part_raw, record)
+  if not record then return end
+  local wanted = record[1] .. ' ' .. record[2] .. ' ' .. record[3]
+  if part_raw ~= wanted then redis.call('HSET', K_STATE, 'p:' .. part, wanted) end
+end
+
+-- Put `ticket` in line (info: its parsed waiter field when it has a place already, else
+-- false), or update its place; returns its waiter info.
+local function enqueue(ticket, info, weight, epoch, owner, data, grace, part)
+  local moved_from = false
+  if info then
+    -- a changed waiter is named again in a later wake-up (with its new data), unless it was
+    -- named just now: then this call is it coming for its units
+    if (info.d ~= data or info.e ~= epoch) and now - info.wk >= info.g then info.wk = 0 end
+    if info.p ~= part then  -- the ticket comes back in another partition: same arrival number
+      redis.call('ZREM', K_LINE, line_member(info.p, info.seq, ticket))
+      redis.call('ZADD', K_LINE, 0, line_member(part, info.seq, ticket))
+      moved_from = info.p
+    end
+    info.w, info.e, info.o, info.d, info.g, info.p = weight, epoch, owner, data, grace, part
+  else
+    local seq = redis.call('HINCRBY', K_STATE, 'seq', 1)
+    info = {w = weight, since = now_text, e = epoch, o = owner, d = data, wk = 0, g = grace,
+            seq = seq, p = part}
+    redis.call('ZADD', K_LINE, 0, line_member(part, seq, ticket))
+    waiting = waiting + 1
+  end
+  redis.call('HSET', K_STATE, 'w:' .. ticket, encode_waiter(info))
+  if moved_from then part_changed(moved_from, 0) end
+  return info
+end
+
+-- The waiter's position in its partition's line (0: the head).
+local function position(ticket, info)
+  return redis.call('ZLEXCOUNT', K_LINE, '[' .. part_prefix(info.p),
+    '(' .. line_member(info.p, info.seq, ticket))
+end
+
+-- Release the holder `token` (held: its state field, or false).  Returns 1 released now,
+-- 2 released already (tombstone), 0 not held, 3 held under another claim (claim '' matches
+-- any).
+local function release_holder(token, held, claim, tomb_ms)
+  if not held then
+    if tombstone(token) then return 2 end
+    return 0
+  end
+  local weight, _, held_claim, aside, part = parse_holder(held)
+  if claim ~= '' and held_claim ~= claim then return 3 end
+  -- the holder's member becomes the tombstone (tombstone_ms 0: gone at the next call)
+  used = math.max(0, used - weight)
+  redis.call('HSET', K_STATE, 'used', used)
+  redis.call('HDEL', K_STATE, 'h:' .. token)
+  redis.call('ZADD', K_EXP, now + tomb_ms, 'h:' .. token)
+  if aside then redis.call('ZREM', K_EXP, 'd:' .. token) end  -- this release's counts now
+  if part ~= '' then set_pused(math.max(0, pused - weight)) end
+  if part ~= '' or default_record then part_changed(part, weight) end
+  return 1
 end
 
 -- The waiters that the free units belong to, in the order they are served.

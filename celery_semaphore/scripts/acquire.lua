@@ -50,8 +50,7 @@ if not (weight and client_limit and lease_ms and place_ttl and grace and epoch a
 end
 check_done = check_done == '1'
 
-local part_field = 'p:' .. part
-local held, raw, fence, part_raw = begin('h:' .. ticket, 'w:' .. ticket, 'fence', part_field)
+local held, raw, fence, part_raw = begin('h:' .. ticket, 'w:' .. ticket, 'fence', 'p:' .. part)
 fence = tonumber(fence) or 0
 local limit = effective_limit(client_limit)
 
@@ -80,27 +79,7 @@ if raw then
   if epoch < info.e then return finish({8, info.e, 0, now, limit}) end
 end
 
--- The partition's record takes this caller's cap and weight (the last writer's count); the
--- default partition has one only when they are not the defaults.
-local record, part_used
-if part == '' then
-  part_used = used - pused
-  if cap < 0 and part_weight == 1 then
-    if part_raw then
-      redis.call('HDEL', K_STATE, 'p:')
-      default_record = false
-    end
-  else
-    local wanted = '0 ' .. cap .. ' ' .. part_weight
-    if part_raw ~= wanted then
-      redis.call('HSET', K_STATE, 'p:', wanted)
-      default_record = wanted
-    end
-  end
-else
-  part_used = parse_part(part_raw)
-  record = {part_used, cap, part_weight}
-end
+local record, part_used = partition_record(part, part_raw, cap, part_weight)
 local room = cap < 0 or part_used + weight <= cap
 
 -- Fast path: nobody in line and room enough, so the grant cannot pass anyone.
@@ -109,31 +88,8 @@ if waiting == 0 and used + weight <= limit and room then
     grant(ticket, weight, weight_text, claim, owner, lease_ms, fence, part, record)
   return {1, granted, expiry, now, limit}
 end
-if record then
-  local wanted = part_used .. ' ' .. cap .. ' ' .. part_weight
-  if part_raw ~= wanted then redis.call('HSET', K_STATE, part_field, wanted) end
-end
-
-local moved_from = false
-if info then
-  -- a changed waiter is named again in a later wake-up (with its new data), unless it was
-  -- named just now: then this call is it coming for its units
-  if (info.d ~= data or info.e ~= epoch) and now - info.wk >= info.g then info.wk = 0 end
-  if info.p ~= part then  -- the ticket comes back in another partition: same arrival number
-    redis.call('ZREM', K_LINE, line_member(info.p, info.seq, ticket))
-    redis.call('ZADD', K_LINE, 0, line_member(part, info.seq, ticket))
-    moved_from = info.p
-  end
-  info.w, info.e, info.o, info.d, info.g, info.p = weight, epoch, owner, data, grace, part
-else
-  local seq = redis.call('HINCRBY', K_STATE, 'seq', 1)
-  info = {w = weight, since = now_text, e = epoch, o = owner, d = data, wk = 0, g = grace,
-          seq = seq, p = part}
-  redis.call('ZADD', K_LINE, 0, line_member(part, seq, ticket))
-  waiting = waiting + 1
-end
-redis.call('HSET', K_STATE, 'w:' .. ticket, encode_waiter(info))
-if moved_from then part_changed(moved_from, 0) end
+store_record(part, part_raw, record)
+info = enqueue(ticket, info or false, weight, epoch, owner, data, grace, part)
 
 local list = entitled(limit, aging)
 local mine = false
@@ -152,10 +108,7 @@ end
 
 if place_ttl > 0 then
   redis.call('ZADD', K_EXP, now + place_ttl, 'w:' .. ticket)
-  local pre = part_prefix(part)
-  local position = redis.call('ZLEXCOUNT', K_LINE, '[' .. pre,
-    '(' .. line_member(part, info.seq, ticket))
-  return finish({5, position, epoch, now, limit}, list)
+  return finish({5, position(ticket, info), epoch, now, limit}, list)
 end
 drop_waiter(ticket, info)
 -- Leaving the line (a ticket that had a place and now asks not to keep it) can hand the units

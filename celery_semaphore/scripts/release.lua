@@ -23,25 +23,7 @@ if not (client_limit and tomb_ms and grace and aging) then
 end
 local held = begin('h:' .. token)
 
-local status = 0
-if held then
-  local weight, _, held_claim, aside, part = parse_holder(held)
-  if claim ~= '' and held_claim ~= claim then
-    status = 3
-  else
-    -- the holder's member becomes the tombstone (tombstone_ms 0: gone at the next call)
-    used = math.max(0, used - weight)
-    redis.call('HSET', K_STATE, 'used', used)
-    redis.call('HDEL', K_STATE, 'h:' .. token)
-    redis.call('ZADD', K_EXP, now + tomb_ms, 'h:' .. token)
-    if aside then redis.call('ZREM', K_EXP, 'd:' .. token) end  -- this release's counts now
-    if part ~= '' then set_pused(math.max(0, pused - weight)) end
-    if part ~= '' or default_record then part_changed(part, weight) end
-    status = 1
-  end
-elseif tombstone(token) then
-  status = 2
-end
+local status = release_holder(token, held or false, claim, tomb_ms)
 
 if waiting == 0 then return {status} end  -- nobody in line: nobody to wake
 return collect_wakes(entitled(effective_limit(client_limit), aging), '', grace, {status})

@@ -26,7 +26,6 @@ __all__ = [
     "collect",
     "inversions",
     "jain",
-    "max_overtaken",
     "percentile",
     "usage_between",
     "usage_while_all_wait",
@@ -116,16 +115,6 @@ def _lines(samples: Iterable[Sample]) -> list[list[Sample]]:
     for s in samples:
         by_part.setdefault((s.partition, s.node), []).append(s)
     return [sorted(group, key=lambda s: s.fencing) for group in by_part.values()]
-
-
-def max_overtaken(samples: Iterable[Sample], order: Mapping[str, int]) -> int:
-    """The most later-sent tasks of its line (partition and node) granted before one task."""
-    worst = 0
-    for line in _lines(samples):
-        ranks = [order[s.tag] for s in line]
-        for i, rank in enumerate(ranks):
-            worst = max(worst, sum(1 for r in ranks[:i] if r > rank))
-    return worst
 
 
 def inversions(samples: Iterable[Sample], order: Mapping[str, int]) -> int:

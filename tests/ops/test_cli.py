@@ -194,7 +194,7 @@ def test_show_lists_holders_and_waiters(cli: Cli, make_semaphore: SemaphoreFacto
         ("t3", 0, False),
         ("t4", 1, True),
     ]
-    assert all(w["waited"] >= 0 and w["partition"] == "" for w in waiters)  # default partition
+    assert all(w["waited"] >= 0 and w["partition"] == "" for w in waiters)
 
     text = cli("show", "alpha").stdout
     assert text.startswith("semaphore 'alpha': limit 3 (code)")
