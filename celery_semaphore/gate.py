@@ -49,17 +49,19 @@ from celery.exceptions import WorkerLostError
 from . import clock, config, events, queues, targets
 from .exceptions import SemaphoreError
 from .keys import node_wake_key
+from .locks import Lock, grant_of, lock_kwargs
 from .runtime import (
     GATE_HEADER,
     HEADER,
     QUEUE_KEY,
     WaitState,
     gate_nonce,
+    lock_for,
+    lock_names,
     register_gate,
-    semaphore_for,
     unregister_gate,
 )
-from .semaphore import AttemptStatus, Semaphore
+from .semaphore import AttemptStatus
 from .spec import LimitSpec
 
 __all__ = ["MAX_HOLD", "Gate", "GateStep", "install"]
@@ -86,7 +88,7 @@ class _Entry:
     req: Any  # celery.worker.request.Request
     spec: LimitSpec
     plan: targets.Plan
-    sem: Semaphore
+    sem: Lock
     opts: config.ResolvedOptions
     ticket: str
     claim: str
@@ -102,8 +104,8 @@ class _Entry:
     again: bool = False
     #: place in line at the last attempt (0 = head)
     position: int | None = None
-    #: the grant, once made: (fencing token, lease expiry in server seconds)
-    grant: tuple[int, float] | None = None
+    #: the grant, once made: (fencing tokens, one per semaphore; lease expiry, server seconds)
+    grant: tuple[list[int], float] | None = None
     granted_at: float = 0.0
 
 
@@ -209,8 +211,7 @@ class Gate:
         plan = targets.resolve(
             req.task, spec, req.args, req.kwargs, queue, partition=state.partition
         )
-        target = plan.targets[0]
-        sem = semaphore_for(self.app, target.name, target.limit, opts.lease_ttl)
+        sem = lock_for(self.app, plan, opts.lease_ttl)
         redelivered = bool((req.delivery_info or {}).get("redelivered"))
         state = WaitState(
             state.epoch,
@@ -261,14 +262,15 @@ class Gate:
                         self._unreserve(entry.req)
                     if first:
                         self._log_wait(entry)
-                        events.emit(
-                            "waited",
-                            name=entry.sem.name,
-                            task_id=entry.req.id,
-                            task=entry.req.name,
-                            mode="held",
-                            position=entry.position,
-                        )
+                        for name in lock_names(entry.sem):
+                            events.emit(
+                                "waited",
+                                name=name,
+                                task_id=entry.req.id,
+                                task=entry.req.name,
+                                mode="held",
+                                position=entry.position,
+                            )
                     return
                 self._held.pop(entry.ticket, None)
                 if entry.counted:
@@ -286,10 +288,8 @@ class Gate:
         delivery holds the permit, a duplicate, or Redis failing at the first try)."""
         state = entry.state
         try:
-            target = entry.plan.targets[0]
             attempt = entry.sem.try_acquire(
                 entry.ticket,
-                weight=target.weight,
                 owner=entry.owner,
                 place_ttl=HELD_PLACE_TTL,
                 claim=entry.claim,
@@ -298,7 +298,7 @@ class Gate:
                 epoch=state.epoch,
                 check_done=state.epoch > 0 or state.takeover,
                 lease_ttl=entry.opts.lease_ttl,
-                **entry.plan.fair(target),
+                **lock_kwargs(entry.plan),
             )
         except SemaphoreError as exc:
             # Fail closed: keep holding (a held task never runs without a permit), try again
@@ -318,7 +318,7 @@ class Gate:
             return "slot"
         entry.refreshed = clock.monotonic()
         if attempt.permit is not None:
-            entry.grant = (attempt.permit.fencing_token, attempt.permit.lease_expires_at)
+            entry.grant = (grant_of(attempt.permit), attempt.permit.lease_expires_at)
             entry.granted_at = clock.monotonic()
             return "granted"
         if attempt.status is AttemptStatus.WAITING:
@@ -436,13 +436,10 @@ class Gate:
             return
         if released:
             if tombstone_ttl == 0:  # the process running it was lost
-                events.emit(
-                    "reclaimed",
-                    name=entry.sem.name,
-                    count=1,
-                    reason="crashed",
-                    task_id=entry.req.id,
-                )
+                for name in lock_names(entry.sem):
+                    events.emit(
+                        "reclaimed", name=name, count=1, reason="crashed", task_id=entry.req.id
+                    )
             log.warning(
                 "semaphore %r: released the permit of task %s[%s]: %s",
                 entry.sem.name,

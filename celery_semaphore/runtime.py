@@ -47,6 +47,7 @@ from kombu.utils import json as kombu_json
 from . import clock, config, events, queues, targets
 from .exceptions import LeaseLost, SemaphoreBackendError, SemaphoreError, SemaphoreTimeout
 from .heartbeat import heartbeat
+from .locks import GroupLock, Lock, adopt, lock_kwargs, member_permits
 from .semaphore import Attempt, AttemptStatus, Permit, Semaphore
 from .spec import LimitSpec
 
@@ -60,6 +61,7 @@ __all__ = [
     "current_permits",
     "gate_nonce",
     "handled_here",
+    "lock_for",
     "note_handled",
     "register_gate",
     "run_limited",
@@ -217,6 +219,35 @@ def semaphore_for(app: Any, name: str, limit: int, lease_ttl: float) -> Semaphor
     return sem
 
 
+_groups: OrderedDict[tuple[Any, ...], GroupLock] = OrderedDict()
+
+
+def lock_for(app: Any, plan: targets.Plan, lease_ttl: float) -> Lock:
+    """The lock a call takes: its one semaphore, or a group of all of them (cached)."""
+    members = tuple(
+        (semaphore_for(app, t.name, t.limit, lease_ttl), t.weight) for t in plan.targets
+    )
+    if len(members) == 1:
+        return members[0][0]
+    key = (os.getpid(), members)
+    with _cache_lock:
+        group = _groups.get(key)
+        if group is not None:
+            _groups.move_to_end(key)
+            return group
+    group = GroupLock(members)
+    with _cache_lock:
+        group = _groups.setdefault(key, group)
+        while len(_groups) > SEMAPHORE_CACHE:
+            _groups.popitem(last=False)
+    return group
+
+
+def lock_names(lock: Lock) -> tuple[str, ...]:
+    """The semaphore names a lock covers (events are per semaphore)."""
+    return lock.names if isinstance(lock, GroupLock) else (lock.name,)
+
+
 class _Redispatcher:
     """``on_wake`` for the Celery layer: units were freed for a waiter that is not blocked in
     this process.  Its wake data says where it waits: ``@<key>``, held by a worker's gate
@@ -313,19 +344,19 @@ def run_limited(
     opts = config.resolve(conf, spec.options)
     directive = _gate_directive(request)
     plan = _plan(task, spec, args, kwargs or {}, directive)
-    target = plan.targets[0]
-    sem = semaphore_for(app, target.name, target.limit, opts.lease_ttl)
-    weight = target.weight
-    fair = plan.fair(target)
-    if target.template is not None:  # ops: events (the registry learns dynamic names)
-        events.emit(
-            "used",
-            name=target.name,
-            template=target.template,
-            task=task.name,
-            limit=target.member.limit,
-            weight=target.weight,
-        )
+    sem = lock_for(app, plan, opts.lease_ttl)
+    fair = lock_kwargs(plan)
+    weights = {t.name: t.weight for t in plan.targets}
+    for target in plan.targets:
+        if target.template is not None:  # ops: events (the registry learns dynamic names)
+            events.emit(
+                "used",
+                name=target.name,
+                template=target.template,
+                task=task.name,
+                limit=target.member.limit,
+                weight=target.weight,
+            )
     owner = {
         "task_id": request.id,
         "task": task.name,
@@ -334,10 +365,10 @@ def run_limited(
         "machine": socket.gethostname(),
     }
     if directive is not None:
-        return _run_gated(task, sem, weight, opts, owner, directive, call, fair, plan.partition)
+        return _run_gated(task, sem, weights, opts, owner, directive, call, fair, plan.partition)
     if request.called_directly or request.is_eager or not request.id:
-        return _run_blocking(task, sem, weight, opts, owner, call, fair, plan.partition)
-    return _acquire_and_run(task, sem, weight, opts, owner, call, fair, plan.partition)
+        return _run_blocking(task, sem, opts, owner, call, fair, plan.partition)
+    return _acquire_and_run(task, sem, opts, owner, call, fair, plan.partition)
 
 
 def _plan(
@@ -378,8 +409,8 @@ def _gate_directive(request: Any) -> Mapping[str, Any] | None:
 
 def _run_gated(
     task: Any,
-    sem: Semaphore,
-    weight: int,
+    sem: Lock,
+    weights: Mapping[str, int],
     opts: config.ResolvedOptions,
     owner: dict[str, Any],
     directive: Mapping[str, Any],
@@ -393,14 +424,9 @@ def _run_gated(
     ticket = str(directive["t"])
     do = directive.get("do")
     if do == "run":
-        permit = Permit(
-            sem,
-            ticket,
-            weight,
-            int(directive["f"]),
-            float(directive["x"]),
-            str(directive["c"]),
-        )
+        raw = directive["f"]
+        fencing = [int(f) for f in raw] if isinstance(raw, list) else [int(raw)]
+        permit = adopt(sem, ticket, weights, fencing, float(directive["x"]), str(directive["c"]))
         return _hold(
             task, sem, permit, opts, state, call, float(directive.get("w", 0.0)), partition
         )
@@ -410,7 +436,7 @@ def _run_gated(
     # "park": held too long for the broker; re-publish with a countdown, keep the place
     first = state.first_wait if state.first_wait is not None else time.time()
     state = WaitState(state.epoch, state.waits, first, state.takeover, partition)
-    common = _common(weight, owner, uuid.uuid4().hex, state, opts, fair)
+    common = _common(owner, uuid.uuid4().hex, state, opts, fair)
     attempt = _park(task, sem, state, opts, ticket, common, registered=True)
     if attempt.permit is not None:
         return _hold(task, sem, attempt.permit, opts, state, call, partition=partition)
@@ -418,7 +444,6 @@ def _run_gated(
 
 
 def _common(
-    weight: int,
     owner: dict[str, Any] | None,
     claim: str,
     state: WaitState,
@@ -428,7 +453,6 @@ def _common(
     """The try_acquire arguments every attempt of one execution shares."""
     return {
         **fair,
-        "weight": weight,
         "owner": owner,
         "claim": claim,
         "epoch": state.epoch,
@@ -439,8 +463,7 @@ def _common(
 
 def _run_blocking(
     task: Any,
-    sem: Semaphore,
-    weight: int,
+    sem: Lock,
     opts: config.ResolvedOptions,
     owner: dict[str, Any],
     call: Callable[[], _T],
@@ -452,15 +475,15 @@ def _run_blocking(
     if bound is None:
         bound = float(task.app.conf.get("semaphore_eager_timeout", 10.0))
     started = clock.monotonic()
-    permit = sem.acquire(weight=weight, timeout=bound, owner=owner, **fair)
+    permit = sem.acquire(timeout=bound, owner=owner, **fair)
     if permit is None:
         raise _timeout(task, sem, clock.monotonic() - started, bound)
     return _hold(task, sem, permit, opts, WaitState(), call, partition=partition)
 
 
-def _timeout(task: Any, sem: Semaphore, waited: float, bound: float) -> SemaphoreTimeout:
-    # ops: events
-    events.emit("timed_out", name=sem.name, task_id=task.request.id, task=task.name, waited=waited)
+def _timeout(task: Any, sem: Lock, waited: float, bound: float) -> SemaphoreTimeout:
+    for name in lock_names(sem):  # ops: events
+        events.emit("timed_out", name=name, task_id=task.request.id, task=task.name, waited=waited)
     return SemaphoreTimeout(
         f"task {task.name}[{task.request.id}] waited {waited:.1f}s for semaphore "
         f"{sem.name!r} (limit {sem.limit}) and gave up (max wait {bound}s)",
@@ -472,8 +495,7 @@ def _timeout(task: Any, sem: Semaphore, waited: float, bound: float) -> Semaphor
 
 def _acquire_and_run(
     task: Any,
-    sem: Semaphore,
-    weight: int,
+    sem: Lock,
     opts: config.ResolvedOptions,
     owner: dict[str, Any],
     call: Callable[[], _T],
@@ -499,7 +521,7 @@ def _acquire_and_run(
     ticket = f"{request.id}:{request.retries or 0}"
     # One claim per execution: a grant is only ever returned again to this execution (a call
     # re-sent by redis-py), never to another delivery of the same message.
-    common = _common(weight, owner, uuid.uuid4().hex, state, opts, fair)
+    common = _common(owner, uuid.uuid4().hex, state, opts, fair)
     try:
         attempt = sem.try_acquire(ticket, place_ttl=opts.wait_timeout + PLACE_SLACK, **common)
         standby = opts.standby if opts.standby is not None else sem.limit
@@ -509,15 +531,15 @@ def _acquire_and_run(
             and (attempt.position or 0) < standby
         ):
             # keep_place: when the wait ends without a grant, the place stays for _park
-            # ops: events
-            events.emit(
-                "waited",
-                name=sem.name,
-                task_id=request.id,
-                task=task.name,
-                mode="slot",
-                position=attempt.position,
-            )
+            for name in lock_names(sem):  # ops: events
+                events.emit(
+                    "waited",
+                    name=name,
+                    task_id=request.id,
+                    task=task.name,
+                    mode="slot",
+                    position=attempt.position,
+                )
             attempt = sem.wait(
                 ticket,
                 timeout=opts.wait_timeout,
@@ -555,7 +577,7 @@ def _acquire_and_run(
     return _drop_duplicate(task, sem, attempt)
 
 
-def _reclaim_from_dead_process(sem: Semaphore, token: str) -> bool:
+def _reclaim_from_dead_process(sem: Lock, token: str) -> bool:
     holder = next((h for h in sem.holders() if h.token == token), None)
     if holder is None or holder.owner.get("machine") != socket.gethostname():
         return False
@@ -586,7 +608,7 @@ def _process_alive(pid: int) -> bool:
     return True
 
 
-def _drop_duplicate(task: Any, sem: Semaphore, attempt: Attempt) -> NoReturn:
+def _drop_duplicate(task: Any, sem: Lock, attempt: Attempt) -> NoReturn:
     from celery.exceptions import Ignore
 
     log_acquire.info(
@@ -602,7 +624,7 @@ def _drop_duplicate(task: Any, sem: Semaphore, attempt: Attempt) -> NoReturn:
 
 def _park(
     task: Any,
-    sem: Semaphore,
+    sem: Lock,
     state: WaitState,
     opts: config.ResolvedOptions,
     ticket: str,
@@ -651,15 +673,15 @@ def _park(
     else:
         position = None
     sig.apply_async(countdown=countdown)
-    # ops: events
-    events.emit(
-        "waited",
-        name=sem.name,
-        task_id=request.id,
-        task=task.name,
-        mode="parked",
-        position=position,
-    )
+    for name in lock_names(sem):  # ops: events
+        events.emit(
+            "waited",
+            name=name,
+            task_id=request.id,
+            task=task.name,
+            mode="parked",
+            position=position,
+        )
     log_acquire.info(
         "task %s[%s] waits for semaphore %r (limit %d, position %s, waited %.1fs): parked for "
         "%.2fs (wait #%d)",
@@ -694,7 +716,7 @@ def _backoff(task: Any, opts: config.ResolvedOptions, waits: int) -> float:
     return random.uniform(0, ceiling) if opts.retry_jitter else ceiling
 
 
-def _withdraw_quietly(sem: Semaphore, ticket: str) -> None:
+def _withdraw_quietly(sem: Lock, ticket: str) -> None:
     try:
         sem.withdraw(ticket)
     except SemaphoreError as exc:
@@ -707,7 +729,7 @@ def _waited(state: WaitState) -> float:
 
 def _hold(
     task: Any,
-    sem: Semaphore,
+    sem: Lock,
     permit: Permit,
     opts: config.ResolvedOptions,
     state: WaitState,
@@ -720,16 +742,16 @@ def _hold(
     note_handled(permit.token)
     permits: list[Permit] = _local.__dict__.setdefault("permits", [])
     permits.append(permit)
-    # ops: events
-    events.emit(
-        "acquired",
-        name=sem.name,
-        task_id=task.request.id,
-        task=task.name,
-        weight=permit.weight,
-        wait=waited if waited is not None else _waited(state),
-        partition=partition,
-    )
+    for member in member_permits(permit):  # ops: events
+        events.emit(
+            "acquired",
+            name=member.semaphore.name,
+            task_id=task.request.id,
+            task=task.name,
+            weight=member.weight,
+            wait=waited if waited is not None else _waited(state),
+            partition=partition,
+        )
     held_since = clock.monotonic()  # ops: events
     try:
         return call()
@@ -743,16 +765,16 @@ def _hold(
             tomb = 2 * (opts.retry_backoff_max + PLACE_SLACK + opts.lease_ttl)
         # ops: events (held =)
         held = release_with_retry(permit, tombstone_ttl=tomb, task_id=task.request.id)
-        # ops: events
-        events.emit(
-            "released",
-            name=sem.name,
-            task_id=task.request.id,
-            task=task.name,
-            weight=permit.weight,
-            hold=clock.monotonic() - held_since,
-            held=held,
-        )
+        for member in member_permits(permit):  # ops: events
+            events.emit(
+                "released",
+                name=member.semaphore.name,
+                task_id=task.request.id,
+                task=task.name,
+                weight=member.weight,
+                hold=clock.monotonic() - held_since,
+                held=held,
+            )
 
 
 def release_with_retry(

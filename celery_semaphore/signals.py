@@ -20,7 +20,7 @@ from celery import signals
 from . import config, events, targets, worker_hooks
 from .decorators import spec_of
 from .exceptions import SemaphoreError
-from .runtime import handled_here, semaphore_for
+from .runtime import handled_here, lock_for, lock_names
 from .spec import Member
 
 __all__ = ["connect"]
@@ -107,29 +107,24 @@ def _release_dead(task: Any, task_id: str | None, request: Any, why: str) -> Non
             "semaphore %r: could not release task %s after %s: %s", spec.name, task_id, why, exc
         )
         return
-    for target in plan.targets:
-        try:
-            sem = semaphore_for(app, target.name, target.limit, opts.lease_ttl)
-            released = sem.release_token(token)
-        except (SemaphoreError, ValueError) as exc:
-            log.error(
-                "semaphore %r: could not release task %s after %s: %s",
-                target.name,
-                task_id,
-                why,
-                exc,
-            )
-            continue
-        if released:
-            # ops: events
-            events.emit("reclaimed", name=target.name, count=1, reason="crashed", task_id=task_id)
-            log.warning(
-                "semaphore %r: released the permit of task %s[%s] after %s",
-                target.name,
-                task.name,
-                task_id,
-                why,
-            )
+    try:
+        lock = lock_for(app, plan, opts.lease_ttl)
+        released = lock.release_token(token)
+    except (SemaphoreError, ValueError) as exc:
+        log.error(
+            "semaphore %r: could not release task %s after %s: %s", spec.name, task_id, why, exc
+        )
+        return
+    if released:
+        for name in lock_names(lock):  # ops: events
+            events.emit("reclaimed", name=name, count=1, reason="crashed", task_id=task_id)
+        log.warning(
+            "semaphore %r: released the permit of task %s[%s] after %s",
+            lock.name,
+            task.name,
+            task_id,
+            why,
+        )
 
 
 def _on_task_failure(

@@ -102,13 +102,55 @@ class LimitSpec:
                 "heartbeat_interval", opts["heartbeat_interval"], "lease_ttl", opts["lease_ttl"]
             )
         caps = config.queue_limits_map("queue_limits", queue_limits) or {}
-        member = _member(name, limit, weight, caps, where)
+        names: list[object] = list(name) if isinstance(name, (list, tuple)) else [name]
+        if not names:
+            raise ValueError(f"{where}: name=[] is not accepted: give at least one semaphore name")
+        limits = _per_name("limit", limit, names, where)
+        weights = _per_name("weight", weight, names, where)
+        members = tuple(
+            _member(n, lim, w, caps, where)
+            for n, lim, w in zip(names, limits, weights, strict=True)
+        )
+        _check_distinct(members, where)
         return cls(
-            (member,),
+            members,
             opts,
             _partition_rule(partition),
             config.queue_weights_map("queue_weights", queue_weights) or {},
         )
+
+    def combine(self, other: LimitSpec, where: str) -> LimitSpec:
+        """This spec and ``other`` (another ``@limited`` on the same task): one task taking
+        the semaphores of both at once.  Options given in both must agree."""
+        members = self.members + other.members
+        _check_distinct(members, where)
+        options = dict(self.options)
+        for key, value in other.options.items():
+            if key in options and options[key] != value:
+                raise TypeError(
+                    f"{where}: {key}={value!r} here but {key}={options[key]!r} on the other "
+                    f"@limited of this task; the task waits and holds all its semaphores "
+                    f"together, so give {key} once (on either) or the same on both"
+                )
+            options[key] = value
+        partition = self.partition
+        if other.partition is not QUEUE:
+            if partition is not QUEUE and partition != other.partition:
+                raise TypeError(
+                    f"{where}: partition={other.partition!r} here but "
+                    f"partition={partition!r} on the other @limited of this task; a task waits "
+                    f"in one partition: give partition once, or the same on both"
+                )
+            partition = other.partition
+        weights = dict(self.queue_weights)
+        for part, weight in other.queue_weights.items():
+            if weights.get(part, weight) != weight:
+                raise TypeError(
+                    f"{where}: queue_weights[{part!r}]={weight} here but {weights[part]} on the "
+                    f"other @limited of this task; a partition has one weight per task"
+                )
+            weights[part] = weight
+        return LimitSpec(members, options, partition, weights)
 
     def check_parameters(self, fun: Callable[..., Any], where: str) -> None:
         """Every template placeholder must be a parameter of the task function ``fun``."""
@@ -118,6 +160,36 @@ class LimitSpec:
                 member.template.check("name", params, var_kw, where)
         if isinstance(self.partition, Template):
             self.partition.check("partition", params, var_kw, where)
+
+
+def _per_name(param: str, value: object, names: list[object], where: str) -> list[object]:
+    """One value for every name, or a dict with an entry per name (several semaphores)."""
+    if not isinstance(value, Mapping):
+        return [value] * len(names)
+    if len(names) == 1 and not isinstance(names[0], str):
+        return [value]  # let the member's own check say what is wrong
+    missing = [n for n in names if n not in value]
+    extra = [k for k in value if k not in names]
+    if missing or extra:
+        raise ValueError(
+            f"{where}: {param}={dict(value)!r} is not accepted: "
+            + (f"no entry for {', '.join(map(repr, missing))}" if missing else "")
+            + ("; " if missing and extra else "")
+            + (f"{', '.join(map(repr, extra))} is not one of the names" if extra else "")
+            + f"; give {param}=<int> for every semaphore, or a dict with one entry per name"
+        )
+    return [value[n] for n in names]
+
+
+def _check_distinct(members: tuple[Member, ...], where: str) -> None:
+    seen: set[str] = set()
+    for member in members:
+        if not member.dynamic_name and member.name in seen:
+            raise ValueError(
+                f"{where}: semaphore {member.name!r} is named twice; a task takes each "
+                "semaphore once (use weight= to take more of its units)"
+            )
+        seen.add(member.name)
 
 
 def _member(

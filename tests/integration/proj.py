@@ -355,3 +355,25 @@ def fair_work(self: Any, tag: str, seconds: float = 0.02) -> str:
 def fifo_work(self: Any, tag: str, seconds: float = 0.02) -> str:
     """One line for all queues (fairness off)."""
     return _fair_body(self, tag, seconds, "fifo")
+
+
+# -- several semaphores per task (issue 4) ----------------------------------------------------
+
+
+@app.task(bind=True)
+@limited(["pair:{a}", "pair:{b}"], limit=1, lease_ttl=LEASE)
+def pair(self: Any, a: int, b: int, tag: str, seconds: float = 0.02) -> str:
+    """Takes the semaphores of two resources at once; counted per resource."""
+    with Body(tag, f"pair-{a}"), Body(f"{tag}+", f"pair-{b}"):
+        time.sleep(seconds)
+    return tag
+
+
+@app.task(bind=True)
+@limited("stack-db", limit=2, lease_ttl=LEASE)
+@limited("stack-api:{customer}", limit=1)
+def stacked(self: Any, customer: str, tag: str, seconds: float = 0.05) -> str:
+    """Two stacked @limited: the shared db (2) and one per customer (1), all or nothing."""
+    with Body(tag, "stack-db"), Body(f"{tag}+", f"stack-{customer}"):
+        time.sleep(seconds)
+    return tag
