@@ -65,7 +65,7 @@ class Plan:
 
 FULL = Plan(
     billing=150,
-    checkouts=60,
+    checkouts=40,
     transcodes=24,
     thumbnails=40,
     summaries=(("acme", 40), ("globex", 12), ("initech", 12)),
@@ -74,7 +74,7 @@ FULL = Plan(
 )
 QUICK = Plan(
     billing=24,
-    checkouts=12,
+    checkouts=8,
     transcodes=4,
     thumbnails=10,
     summaries=(("acme", 12), ("globex", 4)),
