@@ -7,9 +7,10 @@ Celery's namespace), the default, and a validator.  Resolution: task option, the
 then default.  Settings are read lazily with ``app.conf.get`` (never ``add_defaults``, whose
 values would beat ``config_from_object``) and validated at worker start.
 
-Settings that only exist at app level: ``semaphore_redis_url``, ``semaphore_key_prefix``,
-``semaphore_hash_tag``, ``semaphore_limits``, ``semaphore_queue_limits``,
-``semaphore_queue_weights``, ``semaphore_enabled``, ``semaphore_eager_timeout``,
+Settings that only exist at app level: ``semaphore_redis_url``, ``semaphore_redis_cluster``,
+``semaphore_redis_options``, ``semaphore_key_prefix``, ``semaphore_hash_tag``,
+``semaphore_limits``, ``semaphore_queue_limits``, ``semaphore_queue_weights``,
+``semaphore_enabled``, ``semaphore_eager_timeout``,
 ``semaphore_worker_hold``,
 ``semaphore_metrics_port``, ``semaphore_metrics_address``.
 """
@@ -21,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
-from . import _validate
+from . import _validate, connection
 from .keys import validate_prefix
 
 __all__ = [
@@ -29,7 +30,9 @@ __all__ = [
     "OPTIONS",
     "SPEC_OPTIONS",
     "Option",
+    "RedisSettings",
     "ResolvedOptions",
+    "redis_settings",
     "redis_url_for",
     "resolve",
     "partition_cap",
@@ -155,9 +158,20 @@ OPTIONS: dict[str, Option] = {
 APP_SETTINGS: dict[str, tuple[Any, Callable[[str, object], Any], str]] = {
     "semaphore_redis_url": (
         None,
-        lambda p, v: None if v is None else _validate.redis_url(p, _str(p, v)),
-        "Redis for the semaphores; default: a redis(s):// result backend, else a redis(s):// "
-        "broker.",
+        lambda p, v: None if v is None else connection.validate_url(p, _str(p, v), cluster=None),
+        "Redis for the semaphores (redis://, rediss://, unix:// or sentinel:// URL); default: a "
+        "redis(s):// or sentinel:// result backend, else such a broker.",
+    ),
+    "semaphore_redis_cluster": (
+        False,
+        _bool,
+        "True: semaphore_redis_url names node(s) of a Redis Cluster.",
+    ),
+    "semaphore_redis_options": (
+        None,
+        lambda p, v: None if v is None else connection.validate_options(p, v),
+        "Dict of redis-py connection options: TLS files, timeouts, retries; for sentinel:// "
+        "also master_name and sentinel_kwargs.",
     ),
     "semaphore_key_prefix": (
         "celery_semaphore",
@@ -391,6 +405,12 @@ def validate_app_settings(conf: Any, namespace: str | None = None) -> dict[str, 
         out[key] = check(key, conf.get(key, default))
     for opt in OPTIONS.values():
         out[opt.setting] = opt.check(opt.setting, conf.get(opt.setting, opt.default))
+    if out["semaphore_redis_url"] is not None:
+        connection.validate(
+            out["semaphore_redis_url"],
+            cluster=out["semaphore_redis_cluster"],
+            options=out["semaphore_redis_options"],
+        )
     check_heartbeat(
         "semaphore_heartbeat_interval",
         out["semaphore_heartbeat_interval"],
@@ -449,20 +469,76 @@ def semaphore_limit(conf: Any, name: str, code_limit: int, template: str | None 
 
 
 def redis_url_for(conf: Any) -> str:
-    """``semaphore_redis_url``, else a redis(s):// result backend, else a redis(s):// broker."""
+    """``semaphore_redis_url``, else a redis(s):// or sentinel:// result backend, else such a
+    broker."""
+    return _redis_source(conf)[0]
+
+
+_FALLBACK_SCHEMES = ("redis", "rediss", "sentinel")
+
+
+def _redis_source(conf: Any) -> tuple[str, str | None]:
+    """The URL, and the Celery setting it was taken from when it is not our own."""
     explicit = conf.get("semaphore_redis_url", None)
     if explicit:
-        return _validate.redis_url("semaphore_redis_url", _str("semaphore_redis_url", explicit))
+        url = _str("semaphore_redis_url", explicit)
+        cluster = conf.get("semaphore_redis_cluster", False) is True
+        return connection.validate_url("semaphore_redis_url", url, cluster=cluster), None
     for key in ("result_backend", "broker_url"):
         value = conf.get(key, None)
-        if isinstance(value, str) and urlsplit(value).scheme in ("redis", "rediss"):
-            return value.split(";")[0]
+        if isinstance(value, str) and urlsplit(value).scheme in _FALLBACK_SCHEMES:
+            if urlsplit(value).scheme == "sentinel":
+                return value, key
+            return value.split(";")[0], key
     raise ValueError(
         "celery-semaphore needs Redis: set semaphore_redis_url (e.g. "
-        "'redis://localhost:6379/0'); neither result_backend nor broker_url is a redis:// "
-        f"or rediss:// URL (result_backend={conf.get('result_backend', None)!r}, "
-        f"broker_url={conf.get('broker_url', None)!r})"
+        "'redis://localhost:6379/0'); neither result_backend nor broker_url is a redis://, "
+        f"rediss:// or sentinel:// URL (result_backend={_safe(conf.get('result_backend', None))}, "
+        f"broker_url={_safe(conf.get('broker_url', None))})"
     )
+
+
+def _safe(value: object) -> str:
+    return repr(connection.safe_url(value)) if isinstance(value, str) else repr(value)
+
+
+#: where Celery keeps the transport options (master_name, ...) of its own Redis URLs
+_TRANSPORT_OPTIONS = {
+    "result_backend": "result_backend_transport_options",
+    "broker_url": "broker_transport_options",
+}
+
+
+@dataclass(frozen=True)
+class RedisSettings:
+    """Everything :func:`celery_semaphore.connection.redis_client` needs, checked."""
+
+    url: str
+    cluster: bool
+    options: dict[str, Any]
+
+    def cache_key(self) -> tuple[Any, ...]:
+        return (self.url, self.cluster, repr(sorted(self.options.items())))
+
+
+def redis_settings(conf: Any) -> RedisSettings:
+    """The semaphores' Redis: URL, cluster flag and connection options, checked together.
+
+    A sentinel:// URL taken from the result backend or broker brings that setting's
+    ``master_name`` and ``sentinel_kwargs`` (from its transport options) unless
+    ``semaphore_redis_options`` gives them.
+    """
+    url, source = _redis_source(conf)
+    cluster = _bool("semaphore_redis_cluster", conf.get("semaphore_redis_cluster", False))
+    raw = conf.get("semaphore_redis_options", None)
+    options = dict(connection.validate_options("semaphore_redis_options", raw))
+    if source is not None and urlsplit(url).scheme == "sentinel":
+        transport = conf.get(_TRANSPORT_OPTIONS[source], None) or {}
+        for key in ("master_name", "sentinel_kwargs"):
+            if key not in options and transport.get(key):
+                options[key] = transport[key]
+    checked = connection.validate(url, cluster=cluster, options=options)
+    return RedisSettings(url, cluster, checked)
 
 
 def visibility_timeout(conf: Any) -> float | None:

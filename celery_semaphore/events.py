@@ -46,14 +46,15 @@ Events (``kind``, then the fields; every event has ``name``, the semaphore name)
 
 from __future__ import annotations
 
-import logging
 import threading
 from collections.abc import Callable
 from typing import Any
 
+from . import logs
+
 __all__ = ["KINDS", "Subscriber", "emit", "subscribe", "subscribed", "unsubscribe"]
 
-log = logging.getLogger("celery_semaphore.events")
+log = logs.get("events")
 
 Subscriber = Callable[[str, dict[str, Any]], None]
 
@@ -102,4 +103,11 @@ def emit(kind: str, **fields: Any) -> None:
         try:
             fn(kind, fields)
         except Exception:
-            log.exception("celery-semaphore: event subscriber %r failed on %r", fn, kind)
+            name, task_id = fields.get("name"), fields.get("task_id")
+            log.exception(
+                "celery-semaphore: event subscriber %r failed on %r",
+                fn,
+                kind,
+                semaphore=name if isinstance(name, str) else None,
+                task_id=task_id if isinstance(task_id, str) else None,
+            )

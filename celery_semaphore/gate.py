@@ -33,7 +33,6 @@ event loop on a non-green pool), the task body's wrapper acquires by itself (see
 
 from __future__ import annotations
 
-import logging
 import os
 import socket
 import threading
@@ -46,7 +45,7 @@ from typing import Any
 from celery import bootsteps
 from celery.exceptions import WorkerLostError
 
-from . import clock, config, events, queues, targets
+from . import clock, config, events, logs, queues, targets
 from .exceptions import SemaphoreError
 from .keys import node_wake_key
 from .locks import Lock, grant_of, lock_kwargs
@@ -66,7 +65,9 @@ from .spec import LimitSpec
 
 __all__ = ["MAX_HOLD", "Gate", "GateStep", "install"]
 
-log = logging.getLogger("celery_semaphore.gate")
+log = logs.get("gate")
+log_wait = logs.get("wait")
+log_release = logs.get("release")
 
 #: seconds a held task's place lives without a refresh (refreshed every third of it)
 HELD_PLACE_TTL = 60.0
@@ -164,7 +165,12 @@ class Gate:
             try:
                 entry.sem.withdraw(entry.ticket)
             except SemaphoreError as exc:
-                log.debug("semaphore %r: withdraw at stop failed: %s", entry.sem.name, exc)
+                log.debug(
+                    "withdraw at stop failed: %s",
+                    exc,
+                    semaphore=entry.sem.name,
+                    task_id=entry.req.id,
+                )
 
     # -- the consumer's side (hub thread) ---------------------------------------------------
 
@@ -180,7 +186,11 @@ class Gate:
             entry = self._entry(req, spec)
         except (SemaphoreError, ValueError, TypeError) as exc:
             log.warning(
-                "task %s[%s]: not gated (%s); it acquires in its slot", req.name, req.id, exc
+                "task %s: not gated (%s); it acquires in its slot",
+                req.name,
+                exc,
+                semaphore=spec.name,
+                task_id=req.id,
             )
             return self._dispatch_to_pool(req)
         with self._lock:
@@ -305,16 +315,22 @@ class Gate:
             # at the next tick.  A task Redis fails for on arrival goes to its slot instead,
             # where the wrapper parks it, so a Redis outage does not fill the consumer.
             log.warning(
-                "task %s[%s]: semaphore %r unavailable (%s); %s",
+                "task %s: semaphore unavailable (%s); %s",
                 entry.req.name,
-                entry.req.id,
-                entry.sem.name,
                 exc,
                 "it waits" if entry.counted else "it goes to its slot to park",
+                semaphore=entry.sem.name,
+                task_id=entry.req.id,
             )
             return None if entry.counted else "slot"
         except ValueError as exc:  # e.g. a weight above a lowered runtime limit
-            log.error("task %s[%s]: %s", entry.req.name, entry.req.id, exc)
+            log.error(
+                "task %s: %s; it goes to its slot",
+                entry.req.name,
+                exc,
+                semaphore=entry.sem.name,
+                task_id=entry.req.id,
+            )
             return "slot"
         entry.refreshed = clock.monotonic()
         if attempt.permit is not None:
@@ -327,16 +343,15 @@ class Gate:
         return "slot"
 
     def _log_wait(self, entry: _Entry) -> None:
-        log.info(
-            "task %s[%s] waits for semaphore %r (limit %d, position %s): held by the worker, "
-            "off the pool, until a release wakes it%s",
+        log_wait.info(
+            "task %s waits (limit %d, position %s): held by the worker, off the pool, until a "
+            "release wakes it%s",
             entry.req.name,
-            entry.req.id,
-            entry.sem.name,
             entry.sem.limit,
             entry.position,
             "" if entry.counted else " (semaphore_worker_hold is full: in the prefetch window)",
-            extra={"semaphore": entry.sem.name, "task_id": entry.req.id},
+            semaphore=entry.sem.name,
+            task_id=entry.req.id,
         )
 
     def _unreserve(self, req: Any) -> None:
@@ -354,12 +369,12 @@ class Gate:
             waited = time.time() - entry.state.first_wait if entry.state.first_wait else 0.0
             directive.update(f=entry.grant[0], x=entry.grant[1], w=round(waited, 6))
             if not first:
-                log.debug(
-                    "task %s[%s]: semaphore %r granted after %.3fs held; to the pool",
+                log_wait.debug(
+                    "task %s: granted after %.3fs held; to the pool",
                     entry.req.name,
-                    entry.req.id,
-                    entry.sem.name,
                     clock.monotonic() - entry.since,
+                    semaphore=entry.sem.name,
+                    task_id=entry.req.id,
                 )
         if first or (self._direct and not _maybe_revoked(entry.req)):
             # on the hub thread already, or a pool any thread may submit to (threads): one
@@ -424,14 +439,14 @@ class Gate:
                 entry.ticket, claim=entry.claim, tombstone_ttl=tombstone_ttl
             )
         except SemaphoreError as exc:
-            log.error(
-                "semaphore %r: could not release task %s[%s] after %s: %s; it comes back "
-                "when its lease expires",
-                entry.sem.name,
+            log_release.error(
+                "could not release the permit of task %s after %s: %s; it comes back when its "
+                "lease expires",
                 entry.req.name,
-                entry.req.id,
                 why,
                 exc,
+                semaphore=entry.sem.name,
+                task_id=entry.req.id,
             )
             return
         if released:
@@ -440,12 +455,12 @@ class Gate:
                     events.emit(
                         "reclaimed", name=name, count=1, reason="crashed", task_id=entry.req.id
                     )
-            log.warning(
-                "semaphore %r: released the permit of task %s[%s]: %s",
-                entry.sem.name,
+            log_release.warning(
+                "released the permit of task %s: %s",
                 entry.req.name,
-                entry.req.id,
                 why,
+                semaphore=entry.sem.name,
+                task_id=entry.req.id,
             )
 
     def _forget_pending(self, entry: _Entry) -> None:
@@ -470,14 +485,20 @@ class Gate:
                     self._tick()
                     next_tick = clock.monotonic() + TICK
             except Exception as exc:  # never let the gate die: held tasks depend on it
-                log.warning("gate: %s: %s; carrying on", type(exc).__name__, exc)
+                log.warning(
+                    "gate: %s: %s; carrying on",
+                    type(exc).__name__,
+                    exc,
+                    semaphore=None,
+                    task_id=None,
+                )
                 client = None
                 self._stop.wait(0.5)
 
     def _client(self) -> Any:
         from .runtime import client_for
 
-        return client_for(config.redis_url_for(self.app.conf))
+        return client_for(config.redis_url_for(self.app.conf), self.app.conf)
 
     def _take_wakes(self, client: Any, wait: float) -> list[str]:
         found = client.blpop([self.key], timeout=wait)
@@ -533,14 +554,16 @@ class Gate:
             try:
                 entry.sem.withdraw(entry.ticket)
             except SemaphoreError as exc:
-                log.warning("semaphore %r: withdraw failed: %s", entry.sem.name, exc)
-        log.info(
-            "task %s[%s]: semaphore %r: %s after %.1fs held",
+                log_wait.warning(
+                    "withdraw failed: %s", exc, semaphore=entry.sem.name, task_id=entry.req.id
+                )
+        log_wait.info(
+            "task %s: %s after %.1fs held",
             entry.req.name,
-            entry.req.id,
-            entry.sem.name,
             why,
             clock.monotonic() - entry.since,
+            semaphore=entry.sem.name,
+            task_id=entry.req.id,
         )
         if directive is None:
             self.consumer.call_soon(entry.req.revoked)
@@ -562,7 +585,10 @@ class Gate:
                 entry.sem.refresh_token(entry.ticket, holder_only=True)
             except SemaphoreError as exc:
                 log.warning(
-                    "semaphore %r: refresh of a pending grant failed: %s", entry.sem.name, exc
+                    "refresh of a pending grant failed: %s",
+                    exc,
+                    semaphore=entry.sem.name,
+                    task_id=entry.req.id,
                 )
 
     def _max_hold(self) -> float:

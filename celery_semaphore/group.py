@@ -75,7 +75,7 @@ class GroupPermit(Permit):
         self.permits: tuple[Permit, ...] = tuple(permits)
 
     def refresh(self, lease_ttl: float | None = None) -> bool:
-        """Extend every member's lease; False (and :attr:`lost`) when any is no longer held."""
+        """Extend every member's lease; False (and ``lost``) when any is no longer held."""
         if self._released:
             return False
         expiry = self.group.refresh_token(self.token, lease_ttl=lease_ttl, holder_only=True)
@@ -448,7 +448,10 @@ class SemaphoreGroup:
                 self.client.delete(*wake_keys)
         except (RedisError, SemaphoreError) as exc:
             log.warning(
-                "semaphore group %r: cleanup after waiting failed: %s", list(self.names), exc
+                "cleanup after waiting failed: %s",
+                exc,
+                semaphore="+".join(self.names),
+                task_id=None,
             )
 
     def acquire(

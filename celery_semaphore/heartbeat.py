@@ -16,18 +16,19 @@ parked Celery task (an expired lease, a release from a script or the CLI).
 
 from __future__ import annotations
 
-import logging
 import os
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from . import clock, events
+from . import clock, events, logs
 from .semaphore import Permit, Semaphore
 
 __all__ = ["Heartbeat", "heartbeat"]
 
-log = logging.getLogger("celery_semaphore.heartbeat")
+log = logs.get("heartbeat")
+#: a sweep that takes back expired leases reclaims other processes' permits
+log_release = logs.get("release")
 
 LostCallback = Callable[[Permit], None]
 #: seconds between sweeps of the watched semaphores
@@ -103,7 +104,9 @@ class Heartbeat:
             try:
                 self._tick()
             except Exception:  # never let the thread die: the leases depend on it
-                log.exception("heartbeat: unexpected error; carrying on")
+                log.exception(
+                    "heartbeat: unexpected error; carrying on", semaphore=None, task_id=None
+                )
                 clock.sleep(0.5)
 
     def _tick(self) -> None:
@@ -131,11 +134,18 @@ class Heartbeat:
             try:
                 reclaimed = sem.reclaim()  # ops: events (reclaimed =)
                 if reclaimed:  # ops: events
+                    log_release.warning(
+                        "reclaimed %d permit(s) whose lease expired: a holder stopped refreshing "
+                        "(its process crashed or stalled past lease_ttl)",
+                        reclaimed,
+                        semaphore=sem.name,
+                        task_id=None,
+                    )
                     events.emit(
                         "reclaimed", name=sem.name, count=reclaimed, reason="expired", task_id=None
                     )
             except Exception as exc:
-                log.debug("semaphore %r: sweep failed: %s", sem.name, exc)
+                log.debug("sweep failed: %s", exc, semaphore=sem.name, task_id=None)
 
     def _refresh(self, entry: _Entry) -> None:
         permit = entry.permit
@@ -146,22 +156,22 @@ class Heartbeat:
             alive = permit.refresh()
         except Exception as exc:  # a Redis blip: keep going, the lease has slack
             log.warning(
-                "semaphore %r: lease refresh failed for task %s (token %s): %s; will retry",
-                permit.semaphore.name,
-                entry.task_id,
+                "lease refresh failed (token %s): %s; will retry",
                 permit.token,
                 exc,
+                semaphore=permit.semaphore.name,
+                task_id=entry.task_id,
             )
             return
         if alive or permit.released:
             return
         self.unregister(permit)
         log.error(
-            "semaphore %r: permit LOST for task %s (token %s): its lease expired and was "
-            "reclaimed, so another task may now hold this unit",
-            permit.semaphore.name,
-            entry.task_id,
+            "permit LOST (token %s): its lease expired and was reclaimed, so another task may "
+            "now hold this unit",
             permit.token,
+            semaphore=permit.semaphore.name,
+            task_id=entry.task_id,
         )
         # ops: events
         events.emit(
@@ -171,7 +181,11 @@ class Heartbeat:
             try:
                 entry.on_lost(permit)
             except Exception:
-                log.exception("semaphore %r: lease-lost callback failed", permit.semaphore.name)
+                log.exception(
+                    "lease-lost callback failed",
+                    semaphore=permit.semaphore.name,
+                    task_id=entry.task_id,
+                )
 
 
 #: the process-wide heartbeat

@@ -30,7 +30,6 @@ wait state travels in the ``semaphore_wait`` message header, merged into the oth
 
 from __future__ import annotations
 
-import logging
 import os
 import random
 import socket
@@ -44,7 +43,7 @@ from typing import Any, NoReturn, TypeVar
 
 from kombu.utils import json as kombu_json
 
-from . import clock, config, events, queues, targets
+from . import clock, config, connection, events, logs, queues, targets
 from .exceptions import LeaseLost, SemaphoreBackendError, SemaphoreError, SemaphoreTimeout
 from .heartbeat import heartbeat
 from .locks import GroupLock, Lock, adopt, lock_kwargs, member_permits
@@ -83,8 +82,9 @@ PARKED_WAKE_GRACE = 5.0
 #: a place in line kept by a task waiting in its slot (it refreshes it every poll_interval)
 IN_SLOT_PLACE_TTL = 5.0
 
-log_acquire = logging.getLogger("celery_semaphore.acquire")
-log_release = logging.getLogger("celery_semaphore.release")
+log_acquire = logs.get("acquire")
+log_wait = logs.get("wait")
+log_release = logs.get("release")
 
 _T = TypeVar("_T")
 _local = threading.local()
@@ -160,7 +160,7 @@ class WaitState:
 # -- per-process semaphore objects -----------------------------------------------------------
 
 _cache_lock = threading.Lock()
-_clients: dict[tuple[int, str], Any] = {}
+_clients: dict[tuple[int, str, int], Any] = {}
 #: key -> (semaphore, last use); oldest use first.  Dynamic names ("api:{customer_id}") make
 #: many semaphores: one unused for SEMAPHORE_IDLE seconds (or past SEMAPHORE_CACHE) is dropped
 #: and no longer swept by this process.
@@ -169,15 +169,19 @@ SEMAPHORE_IDLE = 600.0
 SEMAPHORE_CACHE = 1000
 
 
-def client_for(url: str) -> Any:
-    """This process's redis-py client for ``url`` (one connection pool per process)."""
-    import redis
-
-    key = (os.getpid(), url)
+def client_for(url: str, conf: Any = None) -> Any:
+    """This process's redis-py client for ``url`` (one connection pool per process), made by
+    :mod:`.connection` with ``conf``'s ``semaphore_redis_cluster`` and ``_options``."""
+    key = (os.getpid(), url, id(conf))
     with _cache_lock:
         client = _clients.get(key)
         if client is None:
-            client = _clients[key] = redis.Redis.from_url(url)
+            if conf is None:
+                client = connection.redis_client(url)
+            else:
+                s = config.redis_settings(conf)
+                client = connection.redis_client(s.url, cluster=s.cluster, options=s.options)
+            _clients[key] = client
         return client
 
 
@@ -198,10 +202,10 @@ def semaphore_for(app: Any, name: str, limit: int, lease_ttl: float) -> Semaphor
     sem = Semaphore(
         name,
         limit,
-        redis=client_for(url),
+        redis=client_for(url, conf),
         lease_ttl=lease_ttl,
         key_prefix=prefix,
-        on_wake=_Redispatcher(app),
+        on_wake=_Redispatcher(app, name),
         hash_tag=hash_tag,
     )
     with _cache_lock:
@@ -254,8 +258,9 @@ class _Redispatcher:
     (wake that gate: directly when it runs in this process, else by pushing the ticket onto
     its wake list); else a parked task's wake copy, published now."""
 
-    def __init__(self, app: Any) -> None:
+    def __init__(self, app: Any, name: str) -> None:
         self.app = app
+        self.name = name  # the semaphore's, for the log
 
     def __call__(self, ticket: str, data: str) -> None:
         if data.startswith("@"):
@@ -264,7 +269,7 @@ class _Redispatcher:
             if gate is not None and gate.pid == os.getpid():
                 gate.wake(ticket)
                 return
-            client = client_for(config.redis_url_for(self.app.conf))
+            client = client_for(config.redis_url_for(self.app.conf), self.app.conf)
             pipe = client.pipeline(transaction=False)
             pipe.rpush(key, ticket)
             pipe.expire(key, GATE_WAKE_TTL)
@@ -274,7 +279,12 @@ class _Redispatcher:
 
         sig = Signature.from_dict(kombu_json.loads(data), app=self.app)  # type: ignore[no-untyped-call]
         sig.apply_async()
-        log_acquire.info("semaphore wake-up: re-dispatched parked task %s now", ticket)
+        log_wait.info(
+            "woken: re-dispatched the parked task now (ticket %s)",
+            ticket,
+            semaphore=self.name,
+            task_id=ticket.rpartition(":")[0],
+        )
 
 
 # -- the worker-side gate's registry (see celery_semaphore.gate) ------------------------------
@@ -484,6 +494,14 @@ def _run_blocking(
 def _timeout(task: Any, sem: Lock, waited: float, bound: float) -> SemaphoreTimeout:
     for name in lock_names(sem):  # ops: events
         events.emit("timed_out", name=name, task_id=task.request.id, task=task.name, waited=waited)
+    log_wait.info(
+        "task %s gave up after waiting %.1fs (max wait %ss): SemaphoreTimeout",
+        task.name,
+        waited,
+        bound,
+        semaphore=sem.name,
+        task_id=task.request.id,
+    )
     return SemaphoreTimeout(
         f"task {task.name}[{task.request.id}] waited {waited:.1f}s for semaphore "
         f"{sem.name!r} (limit {sem.limit}) and gave up (max wait {bound}s)",
@@ -540,6 +558,16 @@ def _acquire_and_run(
                     mode="slot",
                     position=attempt.position,
                 )
+            log_wait.info(
+                "task %s waits in its worker slot (limit %d, position %s) for up to %.1fs "
+                "(wait_timeout)",
+                task.name,
+                sem.limit,
+                attempt.position,
+                opts.wait_timeout,
+                semaphore=sem.name,
+                task_id=request.id,
+            )
             attempt = sem.wait(
                 ticket,
                 timeout=opts.wait_timeout,
@@ -550,11 +578,11 @@ def _acquire_and_run(
     except SemaphoreBackendError as exc:
         # Fail closed: no permit, no body.  Come back later; nothing is lost.
         log_acquire.warning(
-            "task %s[%s]: semaphore %r unavailable (%s); retrying later without running",
+            "task %s: semaphore unavailable (%s); retrying later without running",
             task.name,
-            request.id,
-            sem.name,
             exc,
+            semaphore=sem.name,
+            task_id=request.id,
         )
         attempt = _park(task, sem, state, opts, ticket, common, registered=False)
     if attempt.permit is not None:
@@ -585,10 +613,11 @@ def _reclaim_from_dead_process(sem: Lock, token: str) -> bool:
     if not isinstance(pid, int) or pid == os.getpid() or _process_alive(pid):
         return False
     log_release.warning(
-        "semaphore %r: released the permit of dead process %d (token %s) for its redelivery",
-        sem.name,
+        "released the permit of dead process %d (token %s) for its redelivery",
         pid,
         token,
+        semaphore=sem.name,
+        task_id=token.rpartition(":")[0],
     )
     released = sem.release_token(token, tombstone_ttl=0)  # no tombstone: the redelivery runs
     if released:  # ops: events
@@ -612,12 +641,11 @@ def _drop_duplicate(task: Any, sem: Lock, attempt: Attempt) -> NoReturn:
     from celery.exceptions import Ignore
 
     log_acquire.info(
-        "task %s[%s]: semaphore %r: this copy is a duplicate (%s); dropped, the other copy "
-        "runs (or ran) the task",
+        "task %s: this copy is a duplicate (%s); dropped, the other copy runs (or ran) the task",
         task.name,
-        task.request.id,
-        sem.name,
         attempt.status.name,
+        semaphore=sem.name,
+        task_id=task.request.id,
     )
     raise Ignore()
 
@@ -682,17 +710,16 @@ def _park(
             mode="parked",
             position=position,
         )
-    log_acquire.info(
-        "task %s[%s] waits for semaphore %r (limit %d, position %s, waited %.1fs): parked for "
-        "%.2fs (wait #%d)",
+    log_wait.info(
+        "task %s waits (limit %d, position %s, waited %.1fs): parked for %.2fs (wait #%d)",
         task.name,
-        request.id,
-        sem.name,
         sem.limit,
         position,
         waited,
         countdown,
         later.waits,
+        semaphore=sem.name,
+        task_id=request.id,
     )
     raise Ignore()
 
@@ -720,7 +747,13 @@ def _withdraw_quietly(sem: Lock, ticket: str) -> None:
     try:
         sem.withdraw(ticket)
     except SemaphoreError as exc:
-        log_acquire.warning("semaphore %r: could not withdraw %s: %s", sem.name, ticket, exc)
+        log_wait.warning(
+            "could not withdraw %s: %s",
+            ticket,
+            exc,
+            semaphore=sem.name,
+            task_id=ticket.rpartition(":")[0],
+        )
 
 
 def _waited(state: WaitState) -> float:
@@ -752,6 +785,14 @@ def _hold(
             wait=waited if waited is not None else _waited(state),
             partition=partition,
         )
+    log_acquire.debug(
+        "task %s acquired %d unit(s) (fencing token %d)",
+        task.name,
+        permit.weight,
+        permit.fencing_token,
+        semaphore=sem.name,
+        task_id=task.request.id,
+    )
     held_since = clock.monotonic()  # ops: events
     try:
         return call()
@@ -775,6 +816,16 @@ def _hold(
                 hold=clock.monotonic() - held_since,
                 held=held,
             )
+        log_release.debug(
+            "task %s released its permit after %.3fs%s",
+            task.name,
+            clock.monotonic() - held_since,
+            " (its lease had been lost)"
+            if permit.lost
+            else ("" if held else " (it was already gone: reclaimed or force-released)"),
+            semaphore=sem.name,
+            task_id=task.request.id,
+        )
 
 
 def release_with_retry(
@@ -789,19 +840,19 @@ def release_with_retry(
         except SemaphoreBackendError as exc:
             last = exc
             log_release.warning(
-                "semaphore %r: release failed for task %s (try %d): %s",
-                permit.semaphore.name,
-                task_id,
+                "release failed (try %d): %s",
                 attempt + 1,
                 exc,
+                semaphore=permit.semaphore.name,
+                task_id=task_id,
             )
     log_release.error(
-        "semaphore %r: could not release the permit of task %s (token %s): %s; it will come "
-        "back when its lease expires (at most lease_ttl=%.0fs)",
-        permit.semaphore.name,
-        task_id,
+        "could not release the permit (token %s): %s; it will come back when its lease "
+        "expires (at most lease_ttl=%.0fs)",
         permit.token,
         last,
         permit.semaphore.lease_ttl,
+        semaphore=permit.semaphore.name,
+        task_id=task_id,
     )
     return False

@@ -26,7 +26,6 @@ A granted permit's token is its ticket.
 from __future__ import annotations
 
 import json
-import logging
 import os
 import socket
 import threading
@@ -40,7 +39,7 @@ from typing import Any, TypeVar
 import redis as redis_lib
 from redis.exceptions import RedisError, ResponseError
 
-from . import _validate, clock
+from . import _validate, clock, connection, logs
 from ._scripts import ScriptSet
 from .exceptions import (
     SemaphoreBackendError,
@@ -61,7 +60,7 @@ __all__ = [
     "WaiterInfo",
 ]
 
-log = logging.getLogger("celery_semaphore.semaphore")
+log = logs.get("semaphore")
 
 DEFAULT_URL = "redis://localhost:6379/0"
 #: How long a released token is remembered, so a re-sent release reports success.
@@ -353,7 +352,7 @@ class Semaphore:
         if self._client is None:
             with self._init_lock:
                 if self._client is None:
-                    self._client = redis_lib.Redis.from_url(self._url or DEFAULT_URL)
+                    self._client = connection.redis_client(self._url or DEFAULT_URL)
         return self._client
 
     def _run(self, operation: str, args: list[Any]) -> list[Any]:
@@ -387,7 +386,8 @@ class Semaphore:
         """The SemaphoreError for a redis-py error of one of our calls."""
         if not isinstance(exc, ResponseError):
             return SemaphoreBackendError(
-                f"semaphore {self.name!r}: Redis failed: {type(exc).__name__}: {exc}",
+                f"semaphore {self.name!r}: Redis at {self._where()} failed: "
+                f"{type(exc).__name__}: {exc}",
                 name=self.name,
             )
         if "WRONGTYPE" in str(exc):
@@ -399,6 +399,12 @@ class Semaphore:
         return SemaphoreBackendError(
             f"semaphore {self.name!r}: Redis refused the command: {exc}", name=self.name
         )
+
+    def _where(self) -> str:
+        """Where the client points, without a password (for error messages)."""
+        if self._url is not None:
+            return connection.safe_url(self._url)
+        return connection.describe_client(self._client)
 
     def _state_error(self) -> SemaphoreStateError | None:
         """A SemaphoreStateError naming the first of our keys that holds a foreign type, or
@@ -433,7 +439,9 @@ class Semaphore:
                     try:
                         self.on_wake(ticket, data)
                     except Exception:
-                        log.exception("semaphore %r: on_wake failed for %s", self.name, ticket)
+                        log.exception(
+                            "on_wake failed for %s", ticket, semaphore=self.name, task_id=None
+                        )
             else:
                 blocked.append(ticket)
         if not blocked:
@@ -447,7 +455,9 @@ class Semaphore:
                 pipe.expire(key, ttl)
             pipe.execute()
         except RedisError as exc:
-            log.warning("semaphore %r: wake-up failed (%s); waiters will poll", self.name, exc)
+            log.warning(
+                "wake-up failed (%s); waiters will poll", exc, semaphore=self.name, task_id=None
+            )
 
     def _blocking_place_ttl(self) -> float:
         return max(2.0, 3 * self.poll_interval)
@@ -760,7 +770,7 @@ class Semaphore:
         except (RedisError, SemaphoreError) as exc:
             # best effort: never let a cleanup failure replace the exception (or result) of
             # the wait itself
-            log.warning("semaphore %r: cleanup after waiting failed: %s", self.name, exc)
+            log.warning("cleanup after waiting failed: %s", exc, semaphore=self.name, task_id=None)
 
     @contextmanager
     def hold(

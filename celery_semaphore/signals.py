@@ -12,12 +12,11 @@
 
 from __future__ import annotations
 
-import logging
 from typing import Any
 
 from celery import signals
 
-from . import config, events, targets, worker_hooks
+from . import config, connection, events, logs, targets, worker_hooks
 from .decorators import spec_of
 from .exceptions import SemaphoreError
 from .runtime import handled_here, lock_for, lock_names
@@ -25,7 +24,8 @@ from .spec import Member
 
 __all__ = ["connect"]
 
-log = logging.getLogger("celery_semaphore.release")
+log = logs.get("release")
+log_config = logs.get("config")
 
 
 def _on_worker_init(sender: Any = None, **_: Any) -> None:
@@ -37,14 +37,17 @@ def _on_worker_init(sender: Any = None, **_: Any) -> None:
         specs = [(t.name, spec_of(t)) for t in list(app.tasks.values())]
         limited = [(name, spec) for name, spec in specs if spec is not None]
         if limited:
-            config.redis_url_for(app.conf)
+            redis = config.redis_settings(app.conf)  # URL, cluster flag and options together
+            connection.check(redis.url, cluster=redis.cluster, options=redis.options)
         for task_name, spec in limited:
             config.resolve(app.conf, spec.options)  # task options with app settings
             for member in spec.members:
                 _check_member(app.conf, task_name, member)
         worker_hooks.on_worker_init(app, sender)  # ops: registry and metrics
     except (TypeError, ValueError) as exc:
-        log.critical("celery-semaphore: invalid configuration: %s", exc)
+        log_config.critical(
+            "celery-semaphore: invalid configuration: %s", exc, semaphore=None, task_id=None
+        )
         raise SystemExit(f"celery-semaphore: invalid configuration: {exc}") from exc
     if limited and app.conf.get("semaphore_enabled", True):
         from .gate import install
@@ -104,7 +107,13 @@ def _release_dead(task: Any, task_id: str | None, request: Any, why: str) -> Non
         )
     except (TypeError, ValueError) as exc:
         log.error(
-            "semaphore %r: could not release task %s after %s: %s", spec.name, task_id, why, exc
+            "could not release the permit of task %s after %s: %s; it comes back when its "
+            "lease expires",
+            task.name,
+            why,
+            exc,
+            semaphore=spec.name,
+            task_id=task_id,
         )
         return
     try:
@@ -112,18 +121,24 @@ def _release_dead(task: Any, task_id: str | None, request: Any, why: str) -> Non
         released = lock.release_token(token)
     except (SemaphoreError, ValueError) as exc:
         log.error(
-            "semaphore %r: could not release task %s after %s: %s", spec.name, task_id, why, exc
+            "could not release the permit of task %s after %s: %s; it comes back when its "
+            "lease expires",
+            task.name,
+            why,
+            exc,
+            semaphore=spec.name,
+            task_id=task_id,
         )
         return
     if released:
         for name in lock_names(lock):  # ops: events
             events.emit("reclaimed", name=name, count=1, reason="crashed", task_id=task_id)
         log.warning(
-            "semaphore %r: released the permit of task %s[%s] after %s",
-            lock.name,
+            "released the permit of task %s after %s",
             task.name,
-            task_id,
             why,
+            semaphore=lock.name,
+            task_id=task_id,
         )
 
 

@@ -13,17 +13,18 @@
 from __future__ import annotations
 
 import atexit
-import logging
 import os
 import shutil
 import sys
 import tempfile
 from typing import Any
 
+from . import logs
+
 __all__ = ["on_worker_init"]
 
-log = logging.getLogger("celery_semaphore.registry")
-log_metrics = logging.getLogger("celery_semaphore.metrics")
+log = logs.get("registry")
+log_metrics = logs.get("metrics")
 
 
 def on_worker_init(app: Any, worker: Any = None) -> None:
@@ -37,9 +38,8 @@ def on_worker_init(app: Any, worker: Any = None) -> None:
 
 
 def _record(app: Any, worker: Any) -> None:
-    import redis
-
     from . import config, registry
+    from .connection import redis_client
 
     try:
         uses = registry.app_uses(app)
@@ -47,15 +47,19 @@ def _record(app: Any, worker: Any) -> None:
             return
         prefix = app.conf.get("semaphore_key_prefix", "celery_semaphore")
         node = str(getattr(worker, "hostname", "") or "")
-        client = redis.Redis.from_url(
-            config.redis_url_for(app.conf), socket_connect_timeout=3, socket_timeout=5
-        )
+        settings = config.redis_settings(app.conf)
+        client = redis_client(settings.url, cluster=settings.cluster, options=settings.options)
         try:
             registry.record(client, prefix, uses, settings=registry.app_limits(app), node=node)
         finally:
             client.close()
     except Exception as exc:
-        log.warning("celery-semaphore: could not record this worker's semaphores: %s", exc)
+        log.warning(
+            "celery-semaphore: could not record this worker's semaphores: %s",
+            exc,
+            semaphore=None,
+            task_id=None,
+        )
 
 
 def _record_dynamic_names(app: Any, worker: Any) -> None:
@@ -89,9 +93,12 @@ def _record_dynamic_names(app: Any, worker: Any) -> None:
             template=str(fields["template"]),
         )
         try:
-            registry.note_used(client_for(config.redis_url_for(app.conf)), prefix, use, node)
+            client = client_for(config.redis_url_for(app.conf), app.conf)
+            registry.note_used(client, prefix, use, node)
         except Exception as exc:  # best effort: never fail a task over the registry
-            log.debug("celery-semaphore: could not record %r: %s", fields["name"], exc)
+            log.debug(
+                "could not record a dynamic name: %s", exc, semaphore=fields["name"], task_id=None
+            )
 
     events.subscribe(on_event)
 
@@ -118,6 +125,8 @@ def _prepare_metrics(app: Any, port: int, address: str) -> None:
                 address,
                 port,
                 exc,
+                semaphore=None,
+                task_id=None,
             )
 
     signals.worker_ready.connect(start, weak=False)
@@ -132,7 +141,9 @@ def _ensure_multiprocess_dir() -> None:
         log_metrics.warning(
             "celery-semaphore: prometheus_client was imported before the worker started and "
             "PROMETHEUS_MULTIPROC_DIR is not set: counters of prefork pool processes will not "
-            "be exported; set PROMETHEUS_MULTIPROC_DIR to an empty directory"
+            "be exported; set PROMETHEUS_MULTIPROC_DIR to an empty directory",
+            semaphore=None,
+            task_id=None,
         )
         return
     directory = tempfile.mkdtemp(prefix="celery-semaphore-metrics-")

@@ -40,8 +40,10 @@ app.conf.update(
     worker_prefetch_multiplier=1,
     broker_connection_retry_on_startup=True,
     worker_hijack_root_logger=False,
-    **json.loads(os.environ.get("CS_EXTRA", "{}")),
 )
+# may override the above (e.g. semaphore_redis_url: a Redis Cluster, while the bookkeeping,
+# broker and results stay on CS_REDIS)
+app.conf.update(json.loads(os.environ.get("CS_EXTRA", "{}")))
 
 _client: redis.Redis | None = None
 _pid = -1

@@ -4,11 +4,12 @@ together, never deadlocking, whatever the overlap between tasks."""
 from __future__ import annotations
 
 import itertools
+import time
 
 import pytest
 
 from . import proj
-from .helpers import holders, max_inside, semaphore
+from .helpers import holders, max_inside, semaphore, started
 from .workers import Env, start_workers, stop_workers, wait_until
 
 pytestmark = pytest.mark.timeout(120)
@@ -59,3 +60,25 @@ def test_stacked_limits_hold_together(env: Env) -> None:
     for c in customers:
         assert max_inside(env, f"stack-{c}") == 1  # each customer's own
     wait_until(lambda: not holders(env, "stack-db"), 10, what="no holders")
+
+
+def test_the_heartbeat_keeps_a_group_held(env: Env) -> None:
+    """Leases of 2 s, a task holding two semaphores for 6 s: the heartbeat refreshes both
+    (the group as one), so a task needing one of them waits until the first releases."""
+    env.lease = 2.0
+    (node,) = start_workers(env, {"pool": "threads", "concurrency": 4})
+    app = env.client_app()
+    try:
+        long = app.send_task(proj.pair.name, (0, 1, "long", 6.0))
+        wait_until(lambda: len(holders(env, "pair:1")) == 1, 20, what="long holds")
+        short = app.send_task(proj.pair.name, (1, 2, "short", 0.02))
+        time.sleep(4.0)  # two leases: without refreshes both permits would have expired
+        assert [h.lease_remaining > 0 for h in holders(env, "pair:0")] == [True]
+        assert not short.ready()
+        assert long.get(timeout=20) == "long"
+        assert short.get(timeout=20) == "short"
+    finally:
+        app.close()
+        stop_workers([node])
+    assert max_inside(env, "pair-1") == 1
+    assert [t for t in started(env) if not t.endswith("+")] == ["long", "short"]

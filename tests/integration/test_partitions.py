@@ -36,20 +36,21 @@ def _extra(hold: int) -> dict[str, Any]:
 def _check_partitions(env: Env, send: Any, queues: list[str], worker_queues: list[str]) -> None:
     """Hold the only unit, send one task per queue, and read the partition of each waiter."""
     worker = start_worker(env, pool="threads", concurrency=4, queues=worker_queues)
-    sem = semaphore(env)
-    held = sem.acquire(blocking=False)
-    assert held is not None
     try:
-        results = [send(queue, f"t-{i}") for i, queue in enumerate(queues)]
-        wait_until(lambda: len(sem.waiters()) == len(queues), 30, what="all wait")
-        by_task = {w.owner.get("task_id"): w.partition for w in sem.waiters()}
-        assert by_task == {r.id: q for r, q in zip(results, queues, strict=True)}
-        parts = {p.name: p.waiters for p in sem.inspect().partitions if p.waiters}
-        assert parts == dict.fromkeys(queues, 1)
-    finally:
-        held.release()
-    try:
-        assert sorted(r.get(timeout=30) for r in results) == [f"t-{i}" for i in range(len(queues))]
+        sem = semaphore(env)
+        held = sem.acquire(blocking=False)
+        assert held is not None
+        try:
+            results = [send(queue, f"t-{i}") for i, queue in enumerate(queues)]
+            wait_until(lambda: len(sem.waiters()) == len(queues), 30, what="all wait")
+            by_task = {w.owner.get("task_id"): w.partition for w in sem.waiters()}
+            assert by_task == {r.id: q for r, q in zip(results, queues, strict=True)}
+            parts = {p.name: p.waiters for p in sem.inspect().partitions if p.waiters}
+            assert parts == dict.fromkeys(queues, 1)
+        finally:
+            held.release()
+        done = sorted(r.get(timeout=30) for r in results)
+        assert done == [f"t-{i}" for i in range(len(queues))]
     finally:
         worker.stop()
     wait_until(lambda: not holders(env) and not sem.waiters(), 10, what="nothing left")
