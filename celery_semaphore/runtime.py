@@ -43,7 +43,7 @@ from typing import Any, NoReturn, TypeVar
 
 from kombu.utils import json as kombu_json
 
-from . import clock, config, connection, events, logs, queues, targets
+from . import clock, config, connection, events, logs, queues, targets, worker_hooks
 from .exceptions import LeaseLost, SemaphoreBackendError, SemaphoreError, SemaphoreTimeout
 from .heartbeat import heartbeat
 from .locks import GroupLock, Lock, adopt, lock_kwargs, member_permits
@@ -357,8 +357,9 @@ def run_limited(
     sem = lock_for(app, plan, opts.lease_ttl)
     fair = lock_kwargs(plan)
     weights = {t.name: t.weight for t in plan.targets}
+    in_worker = not (request.called_directly or request.is_eager)
     for target in plan.targets:
-        if target.template is not None:  # ops: events (the registry learns dynamic names)
+        if target.template is not None:  # ops: events, and the registry learns the name
             events.emit(
                 "used",
                 name=target.name,
@@ -367,6 +368,16 @@ def run_limited(
                 limit=target.member.limit,
                 weight=target.weight,
             )
+            if in_worker:
+                worker_hooks.note_dynamic_name(
+                    app,
+                    target.name,
+                    target.template,
+                    task.name,
+                    target.member.limit,
+                    target.weight,
+                    str(request.hostname or ""),
+                )
     owner = {
         "task_id": request.id,
         "task": task.name,
