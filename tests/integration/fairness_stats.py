@@ -15,13 +15,18 @@ token.  From those, on the timeline of the run:
 from __future__ import annotations
 
 import math
+import threading
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
+
+from celery_semaphore import Semaphore
 
 from .helpers import _text, finished_at, started_at
 from .workers import Env
 
 __all__ = [
+    "PartitionSampler",
     "Sample",
     "collect",
     "inversions",
@@ -85,6 +90,50 @@ def usage_while_all_wait(
         if part in waiting:
             (waiting if kind == "wait" else using)[part] += delta
     return ({p: area[p] / span if span else 0.0 for p in partitions}, span)
+
+
+@dataclass
+class PartitionSampler:
+    """Reads the semaphore's partitions (units each holds, waiters each has) in a background
+    thread until stopped: the allocation as the semaphore made it, free of the delay between a
+    grant and its body (which grows with CPU load and would blur a share measured from the
+    bodies).  The limit itself is checked with the bodies' independent counter."""
+
+    sem: Semaphore
+    interval: float = 0.02
+    samples: list[dict[str, tuple[int, int]]] = field(default_factory=list)
+    errors: list[BaseException] = field(default_factory=list)
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _thread: threading.Thread | None = None
+
+    def __enter__(self) -> PartitionSampler:
+        self._thread = threading.Thread(target=self._run, name="partition-sampler", daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                snap = self.sem.inspect()
+                self.samples.append({p.name: (p.used, p.waiters) for p in snap.partitions})
+            except Exception as exc:  # recorded, and checked by the test
+                self.errors.append(exc)
+            self._stop.wait(self.interval)
+
+    def used_while_all_wait(self, partitions: Sequence[str]) -> tuple[dict[str, float], int]:
+        """Each partition's mean units held over the samples in which every one of
+        ``partitions`` had waiters; and how many samples that was."""
+        chosen = [s for s in self.samples if all(s.get(p, (0, 0))[1] > 0 for p in partitions)]
+        if not chosen:
+            return dict.fromkeys(partitions, 0.0), 0
+        return {p: sum(s.get(p, (0, 0))[0] for s in chosen) / len(chosen) for p in partitions}, len(
+            chosen
+        )
 
 
 def usage_between(samples: Iterable[Sample], start: float, end: float) -> dict[str, float]:
