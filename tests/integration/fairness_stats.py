@@ -5,8 +5,10 @@ Every task's send time is taken by the sender; its body records when it started 
 token.  From those, on the timeline of the run:
 
 * a task *waits* from its send to its start, and *uses* its units from its start to its finish;
-* :func:`usage_while_all_wait` averages each partition's units in use over the time during
-  which every partition has waiters (where fair sharing decides who runs);
+* :class:`PartitionSampler` reads the semaphore's own partitions (units held, waiters) while
+  a load runs, and averages each partition's units over the samples in which every partition
+  has waiters (where fair sharing decides who runs); :func:`usage_between` averages the units
+  in use by the bodies over a span of time;
 * :func:`jain` is Jain's fairness index, (sum x)^2 / (n * sum x^2): 1.0 when equal, 1/n when
   one partition has everything;
 * :func:`inversions` counts pairs granted against their send order within a partition.
@@ -33,7 +35,6 @@ __all__ = [
     "jain",
     "percentile",
     "usage_between",
-    "usage_while_all_wait",
 ]
 
 
@@ -63,33 +64,6 @@ def collect(env: Env, sent: Mapping[str, tuple[str, float]]) -> list[Sample]:
         Sample(tag, part, at, starts[tag], ends[tag], *grants[tag])
         for tag, (part, at) in sent.items()
     ]
-
-
-def usage_while_all_wait(
-    samples: Iterable[Sample], partitions: Sequence[str], weights: Mapping[str, int] | None = None
-) -> tuple[dict[str, float], float]:
-    """Each partition's mean units in use (weights: units per task, default 1) over the time
-    every partition in ``partitions`` has a waiter; and that time in seconds."""
-    events: list[tuple[float, str, str, int]] = []
-    for s in samples:
-        units = (weights or {}).get(s.partition, 1)
-        events += [(s.sent, "wait", s.partition, 1), (s.started, "wait", s.partition, -1)]
-        events += [(s.started, "use", s.partition, units), (s.finished, "use", s.partition, -units)]
-    events.sort(key=lambda e: e[0])
-    waiting = dict.fromkeys(partitions, 0)
-    using = dict.fromkeys(partitions, 0)
-    area = dict.fromkeys(partitions, 0.0)
-    span = 0.0
-    last = events[0][0] if events else 0.0
-    for at, kind, part, delta in events:
-        if at > last and all(waiting[p] > 0 for p in partitions):
-            for p in partitions:
-                area[p] += using[p] * (at - last)
-            span += at - last
-        last = at
-        if part in waiting:
-            (waiting if kind == "wait" else using)[part] += delta
-    return ({p: area[p] / span if span else 0.0 for p in partitions}, span)
 
 
 @dataclass
