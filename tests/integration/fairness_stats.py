@@ -5,8 +5,10 @@ Every task's send time is taken by the sender; its body records when it started 
 token.  From those, on the timeline of the run:
 
 * a task *waits* from its send to its start, and *uses* its units from its start to its finish;
-* :func:`usage_while_all_wait` averages each partition's units in use over the time during
-  which every partition has waiters (where fair sharing decides who runs);
+* :class:`PartitionSampler` reads the semaphore's own partitions (units held, waiters) while
+  a load runs, and averages each partition's units over the samples in which every partition
+  has waiters (where fair sharing decides who runs); :func:`usage_between` averages the units
+  in use by the bodies over a span of time;
 * :func:`jain` is Jain's fairness index, (sum x)^2 / (n * sum x^2): 1.0 when equal, 1/n when
   one partition has everything;
 * :func:`inversions` counts pairs granted against their send order within a partition.
@@ -15,20 +17,24 @@ token.  From those, on the timeline of the run:
 from __future__ import annotations
 
 import math
+import threading
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
+
+from celery_semaphore import Semaphore
 
 from .helpers import _text, finished_at, started_at
 from .workers import Env
 
 __all__ = [
+    "PartitionSampler",
     "Sample",
     "collect",
     "inversions",
     "jain",
     "percentile",
     "usage_between",
-    "usage_while_all_wait",
 ]
 
 
@@ -60,31 +66,48 @@ def collect(env: Env, sent: Mapping[str, tuple[str, float]]) -> list[Sample]:
     ]
 
 
-def usage_while_all_wait(
-    samples: Iterable[Sample], partitions: Sequence[str], weights: Mapping[str, int] | None = None
-) -> tuple[dict[str, float], float]:
-    """Each partition's mean units in use (weights: units per task, default 1) over the time
-    every partition in ``partitions`` has a waiter; and that time in seconds."""
-    events: list[tuple[float, str, str, int]] = []
-    for s in samples:
-        units = (weights or {}).get(s.partition, 1)
-        events += [(s.sent, "wait", s.partition, 1), (s.started, "wait", s.partition, -1)]
-        events += [(s.started, "use", s.partition, units), (s.finished, "use", s.partition, -units)]
-    events.sort(key=lambda e: e[0])
-    waiting = dict.fromkeys(partitions, 0)
-    using = dict.fromkeys(partitions, 0)
-    area = dict.fromkeys(partitions, 0.0)
-    span = 0.0
-    last = events[0][0] if events else 0.0
-    for at, kind, part, delta in events:
-        if at > last and all(waiting[p] > 0 for p in partitions):
-            for p in partitions:
-                area[p] += using[p] * (at - last)
-            span += at - last
-        last = at
-        if part in waiting:
-            (waiting if kind == "wait" else using)[part] += delta
-    return ({p: area[p] / span if span else 0.0 for p in partitions}, span)
+@dataclass
+class PartitionSampler:
+    """Reads the semaphore's partitions (units each holds, waiters each has) in a background
+    thread until stopped: the allocation as the semaphore made it, free of the delay between a
+    grant and its body (which grows with CPU load and would blur a share measured from the
+    bodies).  The limit itself is checked with the bodies' independent counter."""
+
+    sem: Semaphore
+    interval: float = 0.02
+    samples: list[dict[str, tuple[int, int]]] = field(default_factory=list)
+    errors: list[BaseException] = field(default_factory=list)
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _thread: threading.Thread | None = None
+
+    def __enter__(self) -> PartitionSampler:
+        self._thread = threading.Thread(target=self._run, name="partition-sampler", daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                snap = self.sem.inspect()
+                self.samples.append({p.name: (p.used, p.waiters) for p in snap.partitions})
+            except Exception as exc:  # recorded, and checked by the test
+                self.errors.append(exc)
+            self._stop.wait(self.interval)
+
+    def used_while_all_wait(self, partitions: Sequence[str]) -> tuple[dict[str, float], int]:
+        """Each partition's mean units held over the samples in which every one of
+        ``partitions`` had waiters; and how many samples that was."""
+        chosen = [s for s in self.samples if all(s.get(p, (0, 0))[1] > 0 for p in partitions)]
+        if not chosen:
+            return dict.fromkeys(partitions, 0.0), 0
+        return {p: sum(s.get(p, (0, 0))[0] for s in chosen) / len(chosen) for p in partitions}, len(
+            chosen
+        )
 
 
 def usage_between(samples: Iterable[Sample], start: float, end: float) -> dict[str, float]:
