@@ -373,7 +373,7 @@ def check(url: str, *, cluster: bool = False, options: Mapping[str, Any] | None 
 
     from . import logs
 
-    log = logs.get("connection")
+    log = logs.get("config")
     client: Any = None
     failure: RedisError | None = None
     try:
