@@ -34,7 +34,8 @@ def assert_clean(client: redis.Redis, sems: list[Semaphore]) -> None:
         # a wake-up pushed to a waiter that did not block (it only tried) expires by itself
         for key in client.scan_iter(match=sem.keys.base + ":wake:*"):
             ttl = client.ttl(key)
-            assert ttl == -2 or 0 <= ttl <= 10, (key, ttl)  # -2: expired since the scan; 0: < 1 s left
+            # -2: expired since the scan; 0: under a second left
+            assert ttl == -2 or 0 <= ttl <= 10, (key, ttl)
 
 
 def test_all_or_nothing_and_a_place_in_every_line(
