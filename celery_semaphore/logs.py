@@ -41,6 +41,7 @@ LOGGERS: Final = (
     "wait",
     "release",
     "heartbeat",
+    "restart",
     "gate",
     "config",
     "semaphore",
