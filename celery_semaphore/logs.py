@@ -16,7 +16,8 @@ A line about no semaphore and no task has no such prefix.  The loggers, one per 
     celery_semaphore.release    permits given back; forced and crash reclaims (WARNING)
     celery_semaphore.heartbeat  lease refreshes; a lease lost (ERROR)
     celery_semaphore.gate       the worker-side gate that holds waiting tasks
-    celery_semaphore.config     an invalid configuration stops the worker (CRITICAL)
+    celery_semaphore.config     an invalid configuration stops the worker (CRITICAL); Redis
+                                unreachable when the worker starts (WARNING)
     celery_semaphore.semaphore  the core primitive (wake-ups, clean-ups)
     celery_semaphore.registry   the worker's record of its semaphores, for the CLI
     celery_semaphore.metrics    the Prometheus exporter

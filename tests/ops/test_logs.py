@@ -23,7 +23,7 @@ from celery import Celery, signals
 from celery.contrib.testing import tasks as _ping_task  # noqa: F401 (start_worker pings it)
 from celery.contrib.testing.worker import start_worker
 
-from celery_semaphore import Semaphore, limited, logs
+from celery_semaphore import Semaphore, events, limited, logs
 from celery_semaphore.audit import operator
 
 from .conftest import make_app, run_cli
@@ -182,9 +182,16 @@ def app(redis_url: str, key_prefix: str, redis_client: redis.Redis) -> Iterator[
         worker_hijack_root_logger=False,  # keep caplog's handler on the root logger
         broker_connection_retry_on_startup=True,
     )
-    yield app
-    redis_client.delete(f"{key_prefix}-q")
-    app.close()
+    before = set(events._subscribers)
+    try:
+        yield app
+    finally:
+        # the embedded worker's worker_init subscribes in this process for good (a real
+        # worker's process ends): leave no subscriber behind for the other tests
+        for fn in set(events._subscribers) - before:
+            events.unsubscribe(fn)
+        redis_client.delete(f"{key_prefix}-q")
+        app.close()
 
 
 class Bodies:
