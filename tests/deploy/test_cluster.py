@@ -15,7 +15,7 @@ import pytest
 import redis
 from redis.cluster import RedisCluster
 
-from celery_semaphore import AttemptStatus, Semaphore
+from celery_semaphore import AttemptStatus, GroupPermit, Semaphore, SemaphoreGroup
 from celery_semaphore.connection import describe_client, redis_client
 from celery_semaphore.testing import RedisServer
 from tests.conftest import delete_prefix
@@ -232,3 +232,60 @@ def test_celery_worker_round_trip_against_the_cluster(
         delete_prefix(local, env.prefix)
         local.delete(env.queue)
         local.close()
+
+
+# -- several semaphores at once: one hash_tag per group ---------------------------------------
+
+
+def _slot(client: Any, key: str) -> int:
+    return int(client.keyslot(key))
+
+
+def test_groups_sharing_a_hash_tag_work_on_every_master(
+    client: Any, cluster: Cluster, prefix: str
+) -> None:
+    tags = [f"team-{i}" for i in range(8)]  # 8 hash tags: groups land on every master
+    for tag in tags:
+        gpu = Semaphore("gpu", 2, redis=client, key_prefix=prefix, hash_tag=tag)
+        licence = Semaphore("licence", 1, redis=client, key_prefix=prefix, hash_tag=tag)
+        slots = {_slot(client, k) for s in (gpu, licence) for k in s.keys.state_keys()}
+        assert len(slots) == 1  # one script, one slot
+        group = SemaphoreGroup([(gpu, 1), (licence, 1)])
+        permit = group.acquire(blocking=False)
+        assert permit is not None
+        assert gpu.inspect().used == 1
+        assert licence.inspect().used == 1
+        # licence is full: the next group gets nothing at all (all or nothing)
+        assert group.acquire(blocking=False) is None
+        assert gpu.inspect().used == 1
+        assert permit.refresh() is True
+        # a blocked group waiter is woken by the release that frees its units
+        got: list[Any] = []
+        thread = threading.Thread(target=lambda g=group, out=got: out.append(g.acquire(timeout=10)))
+        thread.start()
+        wait_until(lambda s=licence: len(s.waiters()) == 1, 5, what="the group waits")
+        assert len(gpu.waiters()) == 1  # a place in every member's line
+        assert permit.release() is True
+        thread.join(timeout=10)
+        assert isinstance(got[0], GroupPermit)
+        got[0].release()
+        assert gpu.inspect().used == 0
+        assert licence.inspect().used == 0
+        # a ticket that gives up its place leaves no trace in any line
+        ticket = Semaphore.new_ticket()
+        holder = licence.acquire(blocking=False)
+        assert holder is not None
+        assert group.try_acquire(ticket, place_ttl=5).status is AttemptStatus.WAITING
+        assert group.withdraw(ticket) is True
+        assert gpu.waiters() == []
+        holder.release()
+    assert len(_nodes_with_keys(cluster, prefix)) == 3, "the tags should cover all 3 masters"
+
+
+def test_a_group_without_a_common_hash_tag_is_refused_on_the_cluster(
+    client: Any, prefix: str
+) -> None:
+    a = Semaphore("a", 1, redis=client, key_prefix=prefix)
+    b = Semaphore("b", 1, redis=client, key_prefix=prefix)
+    with pytest.raises(ValueError, match="hash_tag"):
+        SemaphoreGroup([(a, 1), (b, 1)]).acquire(blocking=False)
