@@ -289,3 +289,30 @@ def test_a_group_without_a_common_hash_tag_is_refused_on_the_cluster(
     b = Semaphore("b", 1, redis=client, key_prefix=prefix)
     with pytest.raises(ValueError, match="hash_tag"):
         SemaphoreGroup([(a, 1), (b, 1)]).acquire(blocking=False)
+
+
+def test_the_cli_finds_and_operates_semaphores_on_every_master(
+    client: Any, cluster: Cluster, prefix: str, redis_url: str
+) -> None:
+    import json
+
+    from tests.ops.conftest import make_app, run_cli
+
+    app = make_app(redis_url, prefix)  # broker and results on the session's Redis
+    app.conf.update(semaphore_redis_url=cluster.urls, semaphore_redis_cluster=True)
+    names = [f"loose-{i}" for i in range(9)]  # used without Celery: only SCAN finds them
+    for name in names:
+        held = Semaphore(name, 2, redis=client, key_prefix=prefix).acquire(blocking=False)
+        assert held is not None
+    assert len(_nodes_with_keys(cluster, prefix)) == 3
+    try:
+        listed = run_cli(app, "list", "--json")
+        assert listed.exit_code == 0, listed.output
+        rows = {row["name"]: row for row in json.loads(listed.stdout)}
+        assert set(names) <= set(rows)  # SCAN went over every master
+        assert all(rows[name]["used"] == 1 for name in names)
+        reset = run_cli(app, "reset", names[0], "--yes")
+        assert reset.exit_code == 0, reset.output
+        assert Semaphore(names[0], 2, redis=client, key_prefix=prefix).inspect().used == 0
+    finally:
+        app.close()
