@@ -369,11 +369,11 @@ def check(url: str, *, cluster: bool = False, options: Mapping[str, Any] | None 
     against a plain port).  When Redis is only unreachable, logs a warning and returns: the
     worker can start, and limited tasks fail (and retry) until Redis is back.
     """
-    import logging
-
     from redis.exceptions import RedisError
 
-    log = logging.getLogger("celery_semaphore.connection")
+    from . import logs
+
+    log = logs.get("config")
     client: Any = None
     failure: RedisError | None = None
     try:
@@ -398,4 +398,6 @@ def check(url: str, *, cluster: bool = False, options: Mapping[str, Any] | None 
         "until it is",
         safe_url(url),
         reason,
+        semaphore=None,
+        task_id=None,
     )

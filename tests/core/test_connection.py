@@ -130,7 +130,7 @@ def test_check_passes_on_a_working_redis(redis_url: str) -> None:
 
 def test_check_only_warns_when_redis_is_down(caplog: pytest.LogCaptureFixture) -> None:
     url = f"redis://u:hunter2@127.0.0.1:{_closed_port()}/0"
-    with caplog.at_level(logging.WARNING, logger="celery_semaphore.connection"):
+    with caplog.at_level(logging.WARNING, logger="celery_semaphore.config"):
         check(url)
     [record] = caplog.records
     assert "is not reachable now" in record.getMessage()

@@ -56,9 +56,10 @@ def test_worker_start_check_against_a_hung_redis_only_warns_quickly(
     assert hung.process is not None
     os.kill(hung.process.pid, signal.SIGSTOP)
     started = time.monotonic()
-    with caplog.at_level(logging.WARNING, logger="celery_semaphore.connection"):
+    with caplog.at_level(logging.WARNING, logger="celery_semaphore.config"):
         check(hung.url(0))
     took = time.monotonic() - started
-    assert took <= WORKER_DEFAULTS["socket_timeout"] + 1.0, took  # one try, no retries
+    # one try, no retries: (retries + 1) x socket_timeout would be 6 s; slack for a loaded host
+    assert took < 2 * WORKER_DEFAULTS["socket_timeout"] + 1.0, took
     [record] = caplog.records
     assert "is not reachable now" in record.getMessage()

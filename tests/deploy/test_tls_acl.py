@@ -133,7 +133,7 @@ def test_plain_redis_url_against_a_tls_port_is_reported(
 ) -> None:
     # the server waits for a TLS handshake, the client for a reply: to the client this looks
     # like a Redis that does not answer, so it is a warning (see troubleshooting), not silence
-    with caplog.at_level(logging.WARNING, logger="celery_semaphore.connection"):
+    with caplog.at_level(logging.WARNING, logger="celery_semaphore.config"):
         check(f"redis://127.0.0.1:{tls.port}/0", options={"socket_timeout": 1.0})
     [record] = caplog.records
     assert f"Redis at redis://127.0.0.1:{tls.port}/0 is not reachable now" in record.getMessage()

@@ -124,7 +124,7 @@ def test_each_concern_has_one_logger_and_the_modules_of_that_concern_use_it() ->
         "release": {"runtime", "gate", "signals", "heartbeat"},
         "heartbeat": {"heartbeat"},
         "gate": {"gate"},
-        "config": {"signals"},
+        "config": {"signals", "connection"},
         "semaphore": {"semaphore"},
         "registry": {"worker_hooks"},
         "metrics": {"worker_hooks", "metrics"},
@@ -244,7 +244,7 @@ def test_acquire_wait_forced_release_lost_lease_and_release_are_logged(
         assert "(limit 1, position " in waits.getMessage()
 
         # an operator forces the first task's permit free: logged with who did it
-        result = run_cli(app, "release", NAME, "--task-id", first.id)
+        result = run_cli(app, "release", NAME, "--task-id", first.id, "--yes")
         assert result.exit_code == 0, result.output
         forced = records.wait_for(
             "the forced release", on("cli", logging.WARNING, first.id, "release by")
