@@ -300,7 +300,7 @@ def test_limited_accepts_or_refuses_with_a_documented_error(
         return
     app = Celery("fuzz", set_as_current=False)
 
-    @app.task(bind=True)  # type: ignore[untyped-decorator]
+    @app.task(bind=True, shared=False)  # type: ignore[untyped-decorator]
     @deco
     def task(self: Any) -> None:
         return None
