@@ -22,7 +22,8 @@ Events (``kind``, then the fields; every event has ``name``, the semaphore name)
 
 =============  ================================================================================
 ``acquired``   a task got its permit: ``task_id``, ``task``, ``weight``, ``wait`` (seconds since
-               this execution first asked, 0.0 for a direct/eager call), ``partition`` (None)
+               this execution first asked, 0.0 for a direct/eager call), ``partition`` (the
+               line it waited in: its queue by default, "" for the default partition)
 ``waited``     a task could not get a permit at once: ``task_id``, ``task``, ``mode`` (``"held"``:
                its worker's gate holds it, off the pool; ``"slot"``: it waits in its worker
                slot; ``"parked"``: it was re-queued with a countdown),
@@ -37,6 +38,9 @@ Events (``kind``, then the fields; every event has ``name``, the semaphore name)
                ``reason`` (``"expired"``: leases that ran out, found by a worker's sweep;
                ``"crashed"``: a dead process's permit released by the worker), ``task_id``
                (None for ``"expired"``)
+``used``       a call is about to take a semaphore whose name was made from its arguments
+               (``"api:{customer_id}"``): ``template``, ``task``, ``limit`` (from the code),
+               ``weight``
 =============  ================================================================================
 """
 
@@ -55,7 +59,9 @@ log = logs.get("events")
 Subscriber = Callable[[str, dict[str, Any]], None]
 
 #: every event kind the library emits
-KINDS = frozenset({"acquired", "waited", "timed_out", "released", "lease_lost", "reclaimed"})
+KINDS = frozenset(
+    {"acquired", "waited", "timed_out", "released", "lease_lost", "reclaimed", "used"}
+)
 
 # A tuple, replaced whole on (un)subscribe: emit() reads it without a lock.
 _subscribers: tuple[Subscriber, ...] = ()

@@ -45,19 +45,22 @@ from typing import Any
 from celery import bootsteps
 from celery.exceptions import WorkerLostError
 
-from . import clock, config, events, logs
+from . import clock, config, events, logs, queues, targets
 from .exceptions import SemaphoreError
 from .keys import node_wake_key
+from .locks import Lock, grant_of, lock_kwargs
 from .runtime import (
     GATE_HEADER,
     HEADER,
+    QUEUE_KEY,
     WaitState,
     gate_nonce,
+    lock_for,
+    lock_names,
     register_gate,
-    semaphore_for,
     unregister_gate,
 )
-from .semaphore import AttemptStatus, Semaphore
+from .semaphore import AttemptStatus
 from .spec import LimitSpec
 
 __all__ = ["MAX_HOLD", "Gate", "GateStep", "install"]
@@ -85,7 +88,8 @@ class _Entry:
 
     req: Any  # celery.worker.request.Request
     spec: LimitSpec
-    sem: Semaphore
+    plan: targets.Plan
+    sem: Lock
     opts: config.ResolvedOptions
     ticket: str
     claim: str
@@ -101,8 +105,8 @@ class _Entry:
     again: bool = False
     #: place in line at the last attempt (0 = head)
     position: int | None = None
-    #: the grant, once made: (fencing token, lease expiry in server seconds)
-    grant: tuple[int, float] | None = None
+    #: the grant, once made: (fencing tokens, one per semaphore; lease expiry, server seconds)
+    grant: tuple[list[int], float] | None = None
     granted_at: float = 0.0
 
 
@@ -177,6 +181,7 @@ class Gate:
         req.request_dict.pop(GATE_HEADER, None)
         if spec is None or not self.app.conf.get("semaphore_enabled", True):
             return self._dispatch_to_pool(req)
+        stamp_queue(req, self.app, self.consumer)
         try:
             entry = self._entry(req, spec)
         except (SemaphoreError, ValueError, TypeError) as exc:
@@ -209,17 +214,21 @@ class Gate:
     def _entry(self, req: Any, spec: LimitSpec) -> _Entry:
         conf = self.app.conf
         opts = config.resolve(conf, spec.options)
-        limit = config.semaphore_limit(conf, spec.name, spec.limit)
-        sem = semaphore_for(self.app, spec.name, limit, opts.lease_ttl)
         headers = req.request_dict
         retries = int(headers.get("retries") or 0)
         state = WaitState.from_headers(headers.get(HEADER), retries)
+        queue = req.request_dict.get(QUEUE_KEY) if state.partition is None else None
+        plan = targets.resolve(
+            req.task, spec, req.args, req.kwargs, queue, partition=state.partition
+        )
+        sem = lock_for(self.app, plan, opts.lease_ttl)
         redelivered = bool((req.delivery_info or {}).get("redelivered"))
         state = WaitState(
             state.epoch,
             state.waits,
             state.first_wait or time.time(),
             takeover=state.takeover or redelivered,
+            partition=plan.partition,
         )
         owner = {
             "task_id": req.id,
@@ -228,7 +237,8 @@ class Gate:
             "pid": self.pid,
             "machine": socket.gethostname(),
         }
-        return _Entry(req, spec, sem, opts, f"{req.id}:{retries}", uuid.uuid4().hex, state, owner)
+        ticket = f"{req.id}:{retries}"
+        return _Entry(req, spec, plan, sem, opts, ticket, uuid.uuid4().hex, state, owner)
 
     # -- trying for a permit (any thread) ---------------------------------------------------
 
@@ -262,14 +272,15 @@ class Gate:
                         self._unreserve(entry.req)
                     if first:
                         self._log_wait(entry)
-                        events.emit(
-                            "waited",
-                            name=entry.sem.name,
-                            task_id=entry.req.id,
-                            task=entry.req.name,
-                            mode="held",
-                            position=entry.position,
-                        )
+                        for name in lock_names(entry.sem):
+                            events.emit(
+                                "waited",
+                                name=name,
+                                task_id=entry.req.id,
+                                task=entry.req.name,
+                                mode="held",
+                                position=entry.position,
+                            )
                     return
                 self._held.pop(entry.ticket, None)
                 if entry.counted:
@@ -289,7 +300,6 @@ class Gate:
         try:
             attempt = entry.sem.try_acquire(
                 entry.ticket,
-                weight=entry.spec.weight,
                 owner=entry.owner,
                 place_ttl=HELD_PLACE_TTL,
                 claim=entry.claim,
@@ -298,6 +308,7 @@ class Gate:
                 epoch=state.epoch,
                 check_done=state.epoch > 0 or state.takeover,
                 lease_ttl=entry.opts.lease_ttl,
+                **lock_kwargs(entry.plan),
             )
         except SemaphoreError as exc:
             # Fail closed: keep holding (a held task never runs without a permit), try again
@@ -323,7 +334,7 @@ class Gate:
             return "slot"
         entry.refreshed = clock.monotonic()
         if attempt.permit is not None:
-            entry.grant = (attempt.permit.fencing_token, attempt.permit.lease_expires_at)
+            entry.grant = (grant_of(attempt.permit), attempt.permit.lease_expires_at)
             entry.granted_at = clock.monotonic()
             return "granted"
         if attempt.status is AttemptStatus.WAITING:
@@ -373,7 +384,14 @@ class Gate:
             self.consumer.call_soon(self._dispatch, entry, directive)
 
     def _directive(self, entry: _Entry, do: str, **extra: Any) -> dict[str, Any]:
-        return {"n": self.nonce, "t": entry.ticket, "c": entry.claim, "do": do, **extra}
+        return {
+            "n": self.nonce,
+            "t": entry.ticket,
+            "c": entry.claim,
+            "do": do,
+            "p": entry.plan.partition,
+            **extra,
+        }
 
     def _dispatch(self, entry: _Entry, directive: dict[str, Any] | None) -> None:
         req = entry.req
@@ -433,13 +451,10 @@ class Gate:
             return
         if released:
             if tombstone_ttl == 0:  # the process running it was lost
-                events.emit(
-                    "reclaimed",
-                    name=entry.sem.name,
-                    count=1,
-                    reason="crashed",
-                    task_id=entry.req.id,
-                )
+                for name in lock_names(entry.sem):
+                    events.emit(
+                        "reclaimed", name=name, count=1, reason="crashed", task_id=entry.req.id
+                    )
             log_release.warning(
                 "released the permit of task %s: %s",
                 entry.req.name,
@@ -615,8 +630,38 @@ def _expired(req: Any) -> bool:
     return bool(expires is not None and expires <= datetime.now(timezone.utc))
 
 
+def stamp_queue(req: Any, app: Any, consumer: Any) -> None:
+    """Tell the body which queue ``req`` was delivered from (see :data:`QUEUE_KEY`): only the
+    consumer can map the message's AMQP consumer tag to its queue."""
+    message = getattr(req, "message", None)
+    info = getattr(message, "delivery_info", None) or req.delivery_info
+    req.request_dict[QUEUE_KEY] = queues.delivery_queue(app, info, consumer) or ""
+
+
+class _QueueStamp:
+    """``on_task_request`` without a gate: stamp limited requests with their queue."""
+
+    def __init__(self, consumer: Any, dispatch: Callable[[Any], Any]) -> None:
+        self.consumer = consumer
+        self.dispatch = dispatch
+        self.limited: dict[str, bool] = {}
+
+    def __call__(self, req: Any) -> Any:
+        from .decorators import spec_of
+
+        name = req.task.name
+        if name not in self.limited:
+            self.limited[name] = spec_of(req.task) is not None
+        if self.limited[name]:
+            stamp_queue(req, self.consumer.app, self.consumer)
+        else:
+            req.request_dict.pop(QUEUE_KEY, None)
+        return self.dispatch(req)
+
+
 class GateStep(bootsteps.StartStopStep):  # type: ignore[misc]
-    """Consumer bootstep wrapping ``on_task_request`` with a :class:`Gate`."""
+    """Consumer bootstep wrapping ``on_task_request`` with a :class:`Gate` (or, when the gate
+    is off, with the queue stamp alone)."""
 
     label = "celery-semaphore gate"
     requires = ("celery.worker.consumer.tasks:Tasks",)
@@ -628,7 +673,10 @@ class GateStep(bootsteps.StartStopStep):  # type: ignore[misc]
         hold = int(c.app.conf.get("semaphore_worker_hold", hold))
         green = bool(getattr(c.pool, "is_green", False))
         if (getattr(c, "hub", None) is None and not green) or hold <= 0:
-            return  # no event loop to hand requests back on, and a pool that needs one
+            # no event loop to hand requests back on (and a pool that needs one), or no gate
+            # wanted: the body acquires, knowing its queue
+            c.on_task_request = _QueueStamp(c, c.on_task_request)
+            return
         self.gate = Gate(c, c.on_task_request, hold)
         c.on_task_request = self.gate.on_task_request
 

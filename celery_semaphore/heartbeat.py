@@ -60,6 +60,11 @@ class Heartbeat:
             self._watched[id(semaphore)] = semaphore
             self._ensure_thread()
 
+    def unwatch(self, semaphore: Semaphore) -> None:
+        """Stop sweeping ``semaphore`` (a dynamic name no longer used here)."""
+        with self._lock:
+            self._watched.pop(id(semaphore), None)
+
     def register(
         self,
         permit: Permit,

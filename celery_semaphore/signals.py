@@ -16,10 +16,11 @@ from typing import Any
 
 from celery import signals
 
-from . import config, connection, events, logs, worker_hooks
+from . import config, connection, events, logs, targets, worker_hooks
 from .decorators import spec_of
 from .exceptions import SemaphoreError
-from .runtime import handled_here, semaphore_for
+from .runtime import handled_here, lock_for, lock_names
+from .spec import Member
 
 __all__ = ["connect"]
 
@@ -40,13 +41,8 @@ def _on_worker_init(sender: Any = None, **_: Any) -> None:
             connection.check(redis.url, cluster=redis.cluster, options=redis.options)
         for task_name, spec in limited:
             config.resolve(app.conf, spec.options)  # task options with app settings
-            limit = config.semaphore_limit(app.conf, spec.name, spec.limit)
-            if spec.weight > limit:
-                raise ValueError(
-                    f"task {task_name}: weight={spec.weight} exceeds the limit of semaphore "
-                    f"{spec.name!r} ({limit}, from semaphore_limits); use a weight from 1 to "
-                    f"{limit} or raise the limit"
-                )
+            for member in spec.members:
+                _check_member(app.conf, task_name, member)
         worker_hooks.on_worker_init(app, sender)  # ops: registry and metrics
     except (TypeError, ValueError) as exc:
         log_config.critical(
@@ -57,6 +53,34 @@ def _on_worker_init(sender: Any = None, **_: Any) -> None:
         from .gate import install
 
         install(app)
+
+
+def _check_member(conf: Any, task_name: str, member: Member) -> None:
+    """A static weight must fit the limit and every cap the settings give it."""
+    if not member.static_weight:
+        return  # checked per call
+    limit = config.semaphore_limit(conf, member.name, member.limit)
+    if member.weight > limit:
+        raise ValueError(
+            f"task {task_name}: weight={member.weight} exceeds the limit of semaphore "
+            f"{member.name!r} ({limit}, from semaphore_limits); use a weight from 1 to "
+            f"{limit} or raise the limit"
+        )
+    table = config.APP_SETTINGS["semaphore_queue_limits"][1]
+    caps = {**member.queue_limits}
+    caps.update(
+        (table("semaphore_queue_limits", conf.get("semaphore_queue_limits", None)) or {}).get(
+            member.name, {}
+        )
+    )
+    for partition, cap in caps.items():
+        if member.weight > cap:
+            raise ValueError(
+                f"task {task_name}: weight={member.weight} exceeds the cap of partition "
+                f"{partition!r} on semaphore {member.name!r} ({cap}, from "
+                f"semaphore_queue_limits); a run would never fit; use a cap of at least "
+                f"{member.weight}"
+            )
 
 
 def _release_dead(task: Any, task_id: str | None, request: Any, why: str) -> None:
@@ -71,9 +95,30 @@ def _release_dead(task: Any, task_id: str | None, request: Any, why: str) -> Non
         return
     try:
         opts = config.resolve(app.conf, spec.options)
-        limit = config.semaphore_limit(app.conf, spec.name, spec.limit)
-        sem = semaphore_for(app, spec.name, limit, opts.lease_ttl)
-        released = sem.release_token(token)
+        # the semaphores this execution took: its names may come from its arguments (the
+        # partition does not matter for a release)
+        plan = targets.resolve(
+            task,
+            spec,
+            tuple(getattr(request, "args", None) or ()),
+            dict(getattr(request, "kwargs", None) or {}),
+            None,
+            partition="",
+        )
+    except (TypeError, ValueError) as exc:
+        log.error(
+            "could not release the permit of task %s after %s: %s; it comes back when its "
+            "lease expires",
+            task.name,
+            why,
+            exc,
+            semaphore=spec.name,
+            task_id=task_id,
+        )
+        return
+    try:
+        lock = lock_for(app, plan, opts.lease_ttl)
+        released = lock.release_token(token)
     except (SemaphoreError, ValueError) as exc:
         log.error(
             "could not release the permit of task %s after %s: %s; it comes back when its "
@@ -86,8 +131,8 @@ def _release_dead(task: Any, task_id: str | None, request: Any, why: str) -> Non
         )
         return
     if released:
-        # ops: events
-        events.emit("reclaimed", name=spec.name, count=1, reason="crashed", task_id=task_id)
+        for name in lock_names(lock):  # ops: events
+            events.emit("reclaimed", name=name, count=1, reason="crashed", task_id=task_id)
         log.warning(
             "released the permit of task %s after %s",
             task.name,

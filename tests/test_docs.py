@@ -114,14 +114,14 @@ def test_options_reference_matches_the_code() -> None:
         for line in text.splitlines()
         if (m := re.match(r"\| `([a-z_]+)` \| `semaphore_", line))
     }
-    assert set(rows) == set(config.OPTIONS) | {"weight"}, "docs/options.md's table"
+    assert set(rows) == set(config.OPTIONS) | set(config.SPEC_OPTIONS), "docs/options.md's table"
     for opt in [*config.OPTIONS.values(), config.Option("weight", 1, lambda p, v: v, "")]:
         row = rows[opt.name]
         assert f"| `{opt.setting}` |" in row, f"{opt.name}: LimitedTask attribute"
         shown = repr(opt.default) if not isinstance(opt.default, str) else f'"{opt.default}"'
         assert f"`{shown}`" in row, f"{opt.name}: default {shown} not in {row!r}"
     attrs = set(re.findall(r"`(semaphore_[a-z_]+)`", text)) - {"semaphore_name", "semaphore_limit"}
-    assert attrs <= {f"semaphore_{name}" for name in [*config.OPTIONS, "weight"]} | {
+    assert attrs <= {f"semaphore_{name}" for name in [*config.OPTIONS, *config.SPEC_OPTIONS]} | {
         "semaphore_limits"
     }
 
