@@ -316,3 +316,53 @@ def test_the_cli_finds_and_operates_semaphores_on_every_master(
         assert Semaphore(names[0], 2, redis=client, key_prefix=prefix).inspect().used == 0
     finally:
         app.close()
+
+
+def test_several_semaphores_per_task_on_the_cluster_with_semaphore_hash_tag(
+    cluster: Cluster, redis_server: RedisServer
+) -> None:
+    """A task limited by two semaphores at once (one group script) runs on a cluster when
+    they share a slot through semaphore_hash_tag."""
+    env = Env(
+        redis_url=redis_server.url(0),
+        broker_url=redis_server.url(0),
+        limit=2,
+        extra={
+            "semaphore_redis_url": cluster.urls,
+            "semaphore_redis_cluster": True,
+            "semaphore_hash_tag": "proj",
+        },
+    )
+    node = start_worker(env, concurrency=3, name="cluster-multi")
+    client = redis_client(cluster.urls, cluster=True)
+    try:
+        app = env.client_app()
+        ring = 3
+        jobs = [(i % ring, (i + 1) % ring) for i in range(ring)] * 4
+        results = [
+            app.send_task(proj.pair.name, (a, b, f"p{n}", 0.05)) for n, (a, b) in enumerate(jobs)
+        ]
+        assert sorted(r.get(timeout=60) for r in results) == sorted(f"p{n}" for n in range(12))
+        app.close()
+        for resource in range(ring):
+            assert max_inside(env, f"pair-{resource}") == 1, resource  # independent counter
+        for resource in range(ring):
+            sem = Semaphore(
+                f"pair:{resource}", 1, redis=client, key_prefix=env.prefix, hash_tag="proj"
+            )
+            assert sem.inspect().holders == []
+            assert int(client.hget(sem.keys.state, "fence") or 0) >= 1  # granted in the cluster
+        problems = [
+            line
+            for line in node.log().splitlines()
+            if ("WARNING/" in line or "ERROR/" in line or "CRITICAL/" in line)
+        ]
+        assert problems == []
+    finally:
+        node.stop()
+        client.close()
+        delete_cluster_prefix(cluster, env.prefix)
+        local = redis_server.client(0)
+        delete_prefix(local, env.prefix)
+        local.delete(env.queue)
+        local.close()
