@@ -5,6 +5,7 @@ semaphores live in the cluster (broker, results and bookkeeping stay on the sess
 
 from __future__ import annotations
 
+import subprocess
 import threading
 import time
 import uuid
@@ -198,7 +199,12 @@ def test_celery_worker_round_trip_against_the_cluster(
         redis_url=redis_server.url(0),
         broker_url=redis_server.url(0),
         limit=2,
-        extra={"semaphore_redis_url": cluster.urls, "semaphore_redis_cluster": True},
+        extra={
+            "semaphore_redis_url": cluster.urls,
+            "semaphore_redis_cluster": True,
+            # proj also has tasks that take two semaphores at once: one slot for all
+            "semaphore_hash_tag": "proj",
+        },
     )
     node = start_worker(env, concurrency=3, name="cluster")
     client = redis_client(cluster.urls, cluster=True)
@@ -209,7 +215,7 @@ def test_celery_worker_round_trip_against_the_cluster(
         assert max_inside(env) == env.limit
         assert inside(env) == 0
         assert sorted(ran(env)) == sorted(f"c{i}" for i in range(10))
-        sem = Semaphore("main", env.limit, redis=client, key_prefix=env.prefix)
+        sem = Semaphore("main", env.limit, redis=client, key_prefix=env.prefix, hash_tag="proj")
         wait_until(lambda: sem.inspect().holders == [], 10, what="no holders left")
         snap = sem.inspect()
         # the grants really happened in the cluster: ten fencing tokens were handed out there
@@ -366,3 +372,25 @@ def test_several_semaphores_per_task_on_the_cluster_with_semaphore_hash_tag(
         delete_prefix(local, env.prefix)
         local.delete(env.queue)
         local.close()
+
+
+def test_a_worker_with_multi_semaphore_tasks_needs_semaphore_hash_tag_on_a_cluster(
+    cluster: Cluster, redis_server: RedisServer
+) -> None:
+    env = Env(
+        redis_url=redis_server.url(0),
+        broker_url=redis_server.url(0),
+        extra={"semaphore_redis_url": cluster.urls, "semaphore_redis_cluster": True},
+    )
+    node = start_worker(env, concurrency=1, wait=False)
+    try:
+        try:
+            code = node.process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"the worker kept running:\n{node.log()[-2000:]}")
+        text = node.output() + node.log()
+        assert code != 0
+        assert "takes several semaphores at once" in text, text[-2000:]
+        assert "set semaphore_hash_tag" in text
+    finally:
+        node.stop(timeout=5)
