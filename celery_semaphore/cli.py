@@ -146,7 +146,9 @@ class _Ops:
         key = (entry.name, entry.configured_limit)
         sem = self._semaphores.get(key)
         if sem is None:
-            sem = self._semaphores[key] = semaphore_for_known(self.client, self.prefix, entry)
+            hash_tag = self.app.conf.get("semaphore_hash_tag", None)
+            sem = semaphore_for_known(self.client, self.prefix, entry, hash_tag)
+            self._semaphores[key] = sem
         return sem
 
 

@@ -11,7 +11,7 @@ Settings that only exist at app level: ``semaphore_redis_url``, ``semaphore_redi
 ``semaphore_redis_options``, ``semaphore_key_prefix``, ``semaphore_hash_tag``,
 ``semaphore_limits``, ``semaphore_queue_limits``, ``semaphore_queue_weights``,
 ``semaphore_enabled``, ``semaphore_eager_timeout``,
-``semaphore_worker_hold``,
+``semaphore_worker_hold``, ``semaphore_restart_policy``, ``semaphore_restart_quarantine``,
 ``semaphore_metrics_port``, ``semaphore_metrics_address``.
 """
 
@@ -218,6 +218,20 @@ APP_SETTINGS: dict[str, tuple[Any, Callable[[str, object], Any], str]] = {
         "How many waiting limited tasks one worker node holds in its consumer, off the pool, "
         "until a release wakes them; 0 turns the gate off (tasks wait in their slot or park).",
     ),
+    "semaphore_restart_policy": (
+        "fail_closed",
+        lambda p, v: _restart_policy(p, v),
+        "What a worker does when it finds that Redis lost a semaphore's state (a restart "
+        "without persistence, a failover, a flush) while tasks ran: 'fail_closed' grants no "
+        "new permit for semaphore_restart_quarantine seconds while running tasks re-assert "
+        "theirs; 'fail_open' grants at once (up to limit more bodies until the old ones end).",
+    ),
+    "semaphore_restart_quarantine": (
+        None,
+        _opt_seconds_nonneg,
+        "Seconds without new permits after a lost state (fail_closed); None means the "
+        "semaphore's lease_ttl (every running body has re-asserted its permit by then).",
+    ),
     "semaphore_metrics_port": (
         None,
         lambda p, v: _port(p, v),
@@ -230,6 +244,17 @@ APP_SETTINGS: dict[str, tuple[Any, Callable[[str, object], Any], str]] = {
         "Address the metrics exporter listens on.",
     ),
 }
+
+
+RESTART_POLICIES = ("fail_closed", "fail_open")
+
+
+def _restart_policy(param: str, value: object) -> str:
+    if value not in RESTART_POLICIES:
+        raise ValueError(
+            f"{param}={value!r} is not accepted: use one of {', '.join(RESTART_POLICIES)}"
+        )
+    return str(value)
 
 
 def _port(param: str, value: object) -> int | None:

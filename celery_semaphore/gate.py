@@ -57,6 +57,8 @@ from .runtime import (
     gate_nonce,
     lock_for,
     lock_names,
+    lost_at_grant,
+    quarantined,
     register_gate,
     unregister_gate,
 )
@@ -69,8 +71,11 @@ log = logs.get("gate")
 log_wait = logs.get("wait")
 log_release = logs.get("release")
 
-#: seconds a held task's place lives without a refresh (refreshed every third of it)
+#: seconds a held task's place lives without a refresh (refreshed every third of it); shorter
+#: with a shorter lease_ttl, so a dead node's held tasks block the line no longer than its
+#: holders do, but never below HELD_PLACE_MIN
 HELD_PLACE_TTL = 60.0
+HELD_PLACE_MIN = 3.0
 #: the longest a task is held before it is parked (re-published with a countdown); kept below
 #: RabbitMQ's default consumer_timeout (30 min), and below half the Redis visibility_timeout
 MAX_HOLD = 900.0
@@ -105,9 +110,15 @@ class _Entry:
     again: bool = False
     #: place in line at the last attempt (0 = head)
     position: int | None = None
+    #: seconds the place lives without a refresh
+    place_ttl: float = HELD_PLACE_TTL
     #: the grant, once made: (fencing tokens, one per semaphore; lease expiry, server seconds)
     grant: tuple[list[int], float] | None = None
     granted_at: float = 0.0
+    #: handed to the pool (or on its way in this very call)
+    dispatched: bool = False
+    #: the gate stopped before this grant reached the pool: never dispatch it
+    cancelled: bool = False
 
 
 class Gate:
@@ -151,7 +162,10 @@ class Gate:
         """Stop holding: the held messages were never acknowledged, so the broker delivers
         them again (to this worker after a reconnect, or to another); their places go.
         Grants already handed to the pool are left alone (their bodies may be starting, and
-        release them themselves); one the pool never starts comes back with its lease."""
+        release them themselves); one the pool never starts comes back with its lease.  A
+        grant made but not yet handed to the pool (a release woke the gate as the worker
+        stopped: the hub no longer runs the hand-over) is given back now, not left to its
+        lease, and is never handed over later."""
         self._stop.set()
         unregister_gate(self.key)
         if self._thread is not None:
@@ -161,6 +175,10 @@ class Gate:
             held = list(self._held.values())
             self._held.clear()
             self._counted = 0
+            undispatched = [e for e in self._pending.values() if not e.dispatched]
+            for entry in undispatched:
+                entry.cancelled = True
+                del self._pending[entry.ticket]
         for entry in held:
             try:
                 entry.sem.withdraw(entry.ticket)
@@ -171,6 +189,9 @@ class Gate:
                     semaphore=entry.sem.name,
                     task_id=entry.req.id,
                 )
+        for entry in undispatched:
+            # no tombstone: the message was never acknowledged, and its redelivery must run
+            self._release(entry, "the worker stopped before it started", tombstone_ttl=0)
 
     # -- the consumer's side (hub thread) ---------------------------------------------------
 
@@ -238,7 +259,9 @@ class Gate:
             "machine": socket.gethostname(),
         }
         ticket = f"{req.id}:{retries}"
-        return _Entry(req, spec, plan, sem, opts, ticket, uuid.uuid4().hex, state, owner)
+        entry = _Entry(req, spec, plan, sem, opts, ticket, uuid.uuid4().hex, state, owner)
+        entry.place_ttl = max(HELD_PLACE_MIN, min(HELD_PLACE_TTL, opts.lease_ttl))
+        return entry
 
     # -- trying for a permit (any thread) ---------------------------------------------------
 
@@ -297,16 +320,19 @@ class Gate:
         grant) or ``slot`` (let the body's wrapper acquire: a redelivered copy whose previous
         delivery holds the permit, a duplicate, or Redis failing at the first try)."""
         state = entry.state
+        if quarantined(entry.sem):
+            return None  # the state was lost: hold on until the running bodies re-assert
         try:
             attempt = entry.sem.try_acquire(
                 entry.ticket,
                 owner=entry.owner,
-                place_ttl=HELD_PLACE_TTL,
+                place_ttl=entry.place_ttl,
                 claim=entry.claim,
                 wake_data="@" + self.key,
                 wake_grace=WAKE_GRACE,
                 epoch=state.epoch,
-                check_done=state.epoch > 0 or state.takeover,
+                # always: a copy of this execution may have run already (see runtime._common)
+                check_done=True,
                 lease_ttl=entry.opts.lease_ttl,
                 **lock_kwargs(entry.plan),
             )
@@ -333,6 +359,14 @@ class Gate:
             )
             return "slot"
         entry.refreshed = clock.monotonic()
+        if (
+            attempt.status is AttemptStatus.GRANTED
+            and attempt.permit is not None
+            and lost_at_grant(entry.sem, attempt.permit)
+        ):
+            # granted on a state that was lost: give it back, hold on (fail closed)
+            self._give_back(entry)
+            return None
         if attempt.permit is not None:
             entry.grant = (grant_of(attempt.permit), attempt.permit.lease_expires_at)
             entry.granted_at = clock.monotonic()
@@ -341,6 +375,17 @@ class Gate:
             entry.position = attempt.position
             return None
         return "slot"
+
+    def _give_back(self, entry: _Entry) -> None:
+        try:
+            entry.sem.release_token(entry.ticket, claim=entry.claim, tombstone_ttl=0)
+        except SemaphoreError as exc:
+            log.warning(
+                "could not give back a grant: %s",
+                exc,
+                semaphore=entry.sem.name,
+                task_id=entry.req.id,
+            )
 
     def _log_wait(self, entry: _Entry) -> None:
         log_wait.info(
@@ -395,6 +440,10 @@ class Gate:
 
     def _dispatch(self, entry: _Entry, directive: dict[str, Any] | None) -> None:
         req = entry.req
+        with self._lock:
+            if entry.cancelled:
+                return  # the gate stopped and gave its grant back; the message is redelivered
+            entry.dispatched = True
         if directive is not None and directive["do"] == "run" and req.revoked():
             # revoked while it waited: revoked() acknowledged it; give the permit back
             self._forget_pending(entry)
@@ -450,7 +499,7 @@ class Gate:
             )
             return
         if released:
-            if tombstone_ttl == 0:  # the process running it was lost
+            if tombstone_ttl == 0 and not entry.cancelled:  # the process running it was lost
                 for name in lock_names(entry.sem):
                     events.emit(
                         "reclaimed", name=name, count=1, reason="crashed", task_id=entry.req.id
@@ -530,7 +579,7 @@ class Gate:
             self._leave(entry, self._directive(entry, "timeout", w=waited), "timed out")
         elif now - entry.since >= self._max_hold():
             self._leave(entry, self._directive(entry, "park"), "held too long")
-        elif now - entry.refreshed >= HELD_PLACE_TTL / 3 or not entry.counted:
+        elif now - entry.refreshed >= entry.place_ttl / 3 or not entry.counted:
             # keep the place alive (and claim units whose wake-up was lost); an uncounted
             # entry (over semaphore_worker_hold, or Redis failed) retries every tick
             with self._lock:

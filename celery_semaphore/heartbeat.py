@@ -21,7 +21,8 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from . import clock, events, logs
+from . import clock, events, logs, restart
+from .group import GroupPermit
 from .semaphore import Permit, Semaphore
 
 __all__ = ["Heartbeat", "heartbeat"]
@@ -132,6 +133,11 @@ class Heartbeat:
             watched = list(self._watched.values())
         for sem in watched:
             try:
+                if restart.detect(sem):
+                    self._reassert_all(sem)
+            except Exception as exc:
+                log.debug("state check failed: %s", exc, semaphore=sem.name, task_id=None)
+            try:
                 reclaimed = sem.reclaim()  # ops: events (reclaimed =)
                 if reclaimed:  # ops: events
                     log_release.warning(
@@ -146,6 +152,44 @@ class Heartbeat:
                     )
             except Exception as exc:
                 log.debug("sweep failed: %s", exc, semaphore=sem.name, task_id=None)
+
+    def _reassert_all(self, sem: Semaphore) -> None:
+        """The state of ``sem`` was lost: take back the permits of the bodies running here."""
+        with self._lock:
+            entries = [e for e in self._entries.values() if e.permit.semaphore is sem]
+        for entry in entries:
+            self._reassert(entry)
+
+    def _reassert(self, entry: _Entry) -> bool:
+        """Acquire a running body's own token again after its semaphore's state was lost (see
+        :mod:`celery_semaphore.restart`); True when it holds its permit again."""
+        permit = entry.permit
+        if permit.released or isinstance(permit, GroupPermit):
+            return False  # a group's grant is not re-asserted: it is reported lost
+        owner = {"task_id": entry.task_id, "reasserted": True}
+        try:
+            attempt = permit.semaphore.try_acquire(
+                permit.token, weight=permit.weight, claim=permit.claim, owner=owner
+            )
+        except Exception as exc:
+            log.warning(
+                "could not re-assert the permit after its state was lost: %s; will retry",
+                exc,
+                semaphore=permit.semaphore.name,
+                task_id=entry.task_id,
+            )
+            return True  # keep the entry: the next refresh tries again
+        if attempt.permit is None:
+            return False
+        permit.fencing_token = attempt.permit.fencing_token
+        permit.lease_expires_at = attempt.permit.lease_expires_at
+        permit.lost = False
+        log.info(
+            "re-asserted the permit of this running task after the state was lost",
+            semaphore=permit.semaphore.name,
+            task_id=entry.task_id,
+        )
+        return True
 
     def _refresh(self, entry: _Entry) -> None:
         permit = entry.permit
@@ -164,6 +208,12 @@ class Heartbeat:
             )
             return
         if alive or permit.released:
+            return
+        try:
+            lost_state = restart.detect(permit.semaphore) or restart.recently_lost(permit.semaphore)
+        except Exception:  # Redis failing again: report the loss as it stands
+            lost_state = False
+        if lost_state and self._reassert(entry):
             return
         self.unregister(permit)
         log.error(

@@ -40,6 +40,7 @@ LOGGERS: Final = (
     "wait",
     "release",
     "heartbeat",
+    "restart",
     "gate",
     "config",
     "semaphore",

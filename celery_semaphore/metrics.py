@@ -223,7 +223,9 @@ class SemaphoreCollector(Collector):
         key = (entry.name, entry.configured_limit)
         sem = self._semaphores.get(key)
         if sem is None:
-            sem = self._semaphores[key] = semaphore_for_known(self._redis(), self.prefix, entry)
+            hash_tag = self.app.conf.get("semaphore_hash_tag", None)
+            sem = semaphore_for_known(self._redis(), self.prefix, entry, hash_tag)
+            self._semaphores[key] = sem
         return sem
 
     def collect(self) -> Iterator[Any]:

@@ -43,7 +43,7 @@ from typing import Any, NoReturn, TypeVar
 
 from kombu.utils import json as kombu_json
 
-from . import clock, config, connection, events, logs, queues, targets
+from . import clock, config, connection, events, logs, queues, restart, targets, worker_hooks
 from .exceptions import LeaseLost, SemaphoreBackendError, SemaphoreError, SemaphoreTimeout
 from .heartbeat import heartbeat
 from .locks import GroupLock, Lock, adopt, lock_kwargs, member_permits
@@ -62,6 +62,7 @@ __all__ = [
     "handled_here",
     "lock_for",
     "note_handled",
+    "quarantine_guard",
     "register_gate",
     "run_limited",
     "semaphore_for",
@@ -217,6 +218,11 @@ def semaphore_for(app: Any, name: str, limit: int, lease_ttl: float) -> Semaphor
                 break
             del _semaphores[oldest_key]
             dropped.append(oldest)
+    restart.configure(
+        sem,
+        str(conf.get("semaphore_restart_policy", "fail_closed")),
+        conf.get("semaphore_restart_quarantine", None),
+    )
     for old in dropped:
         heartbeat.unwatch(old)
     heartbeat.watch(sem)
@@ -357,8 +363,9 @@ def run_limited(
     sem = lock_for(app, plan, opts.lease_ttl)
     fair = lock_kwargs(plan)
     weights = {t.name: t.weight for t in plan.targets}
+    in_worker = not (request.called_directly or request.is_eager)
     for target in plan.targets:
-        if target.template is not None:  # ops: events (the registry learns dynamic names)
+        if target.template is not None:  # ops: events, and the registry learns the name
             events.emit(
                 "used",
                 name=target.name,
@@ -367,6 +374,16 @@ def run_limited(
                 limit=target.member.limit,
                 weight=target.weight,
             )
+            if in_worker:
+                worker_hooks.note_dynamic_name(
+                    app,
+                    target.name,
+                    target.template,
+                    task.name,
+                    target.member.limit,
+                    target.weight,
+                    str(request.hostname or ""),
+                )
     owner = {
         "task_id": request.id,
         "task": task.name,
@@ -466,7 +483,11 @@ def _common(
         "owner": owner,
         "claim": claim,
         "epoch": state.epoch,
-        "check_done": state.epoch > 0 or state.takeover,
+        # Always, even for a first delivery: when Redis fails, the gate keeps holding the
+        # original while a copy parks and may run first (seen in the chaos tests); a ticket
+        # that ran already must then be dropped, not run twice.  (Costs the acquire script
+        # one or two ZSCOREs.)
+        "check_done": True,
         "lease_ttl": opts.lease_ttl,
     }
 
@@ -541,6 +562,7 @@ def _acquire_and_run(
     # re-sent by redis-py), never to another delivery of the same message.
     common = _common(owner, uuid.uuid4().hex, state, opts, fair)
     try:
+        quarantine_guard(sem)
         attempt = sem.try_acquire(ticket, place_ttl=opts.wait_timeout + PLACE_SLACK, **common)
         standby = opts.standby if opts.standby is not None else sem.limit
         if (
@@ -575,6 +597,7 @@ def _acquire_and_run(
                 keep_place=PLACE_SLACK,
                 **common,
             )
+        _check_grant(sem, attempt, ticket, common["claim"])
     except SemaphoreBackendError as exc:
         # Fail closed: no permit, no body.  Come back later; nothing is lost.
         log_acquire.warning(
@@ -592,8 +615,19 @@ def _acquire_and_run(
         # process is gone (SIGKILL with reject_on_worker_lost: Celery tells nobody), take the
         # permit back now; otherwise wait until it releases (this copy then finds the ticket
         # done and drops) or its lease expires (this copy then runs).
-        if _reclaim_from_dead_process(sem, ticket):
-            attempt = sem.try_acquire(ticket, place_ttl=PLACE_SLACK, **common)
+        try:
+            quarantine_guard(sem)
+            if _reclaim_from_dead_process(sem, ticket):
+                attempt = sem.try_acquire(ticket, place_ttl=PLACE_SLACK, **common)
+                _check_grant(sem, attempt, ticket, common["claim"])
+        except SemaphoreBackendError as exc:
+            log_acquire.warning(
+                "task %s: semaphore unavailable (%s); retrying later without running",
+                task.name,
+                exc,
+                semaphore=sem.name,
+                task_id=request.id,
+            )
         if attempt.permit is None:
             attempt = _park(task, sem, state, opts, ticket, common, registered=False)
         if attempt.permit is not None:
@@ -603,6 +637,46 @@ def _acquire_and_run(
         if attempt.permit is not None:
             return _hold(task, sem, attempt.permit, opts, state, call, partition=partition)
     return _drop_duplicate(task, sem, attempt)
+
+
+def _members(lock: Lock) -> list[Semaphore]:
+    return [sem for sem, _ in lock.members] if isinstance(lock, GroupLock) else [lock]
+
+
+def quarantined(lock: Lock) -> bool:
+    """Is a semaphore of ``lock`` in quarantine in this process (its state was lost)?"""
+    return any(restart.quarantined(sem) for sem in _members(lock))
+
+
+def quarantine_guard(lock: Lock) -> None:
+    """Raise SemaphoreBackendError (the caller then waits, fail closed) while a semaphore of
+    ``lock`` is in quarantine after its state was lost (see :mod:`celery_semaphore.restart`)."""
+    for sem in _members(lock):
+        left = restart.quarantined(sem)
+        if left:
+            raise SemaphoreBackendError(
+                f"semaphore {sem.name!r}: its state in Redis was lost; no new permit for "
+                f"{left:.1f}s more (semaphore_restart_policy='fail_closed')",
+                name=sem.name,
+            )
+
+
+def lost_at_grant(lock: Lock, permit: Permit) -> bool:
+    """Was this new grant made on a state that was lost (any member's, for a group)?"""
+    fences = [p.fencing_token for p in member_permits(permit)]
+    # no short cut: every member notes the fencing token it saw
+    lost = [restart.lost_at_grant(sem, f) for sem, f in zip(_members(lock), fences, strict=True)]
+    return any(lost)
+
+
+def _check_grant(lock: Lock, attempt: Attempt, ticket: str, claim: str) -> None:
+    """A new grant made on a state that was lost (see restart.lost_at_grant) is given back
+    at once, and the caller waits as if Redis had failed (fail closed)."""
+    if attempt.status is not AttemptStatus.GRANTED or attempt.permit is None:
+        return
+    if lost_at_grant(lock, attempt.permit):
+        lock.release_token(ticket, claim=claim, tombstone_ttl=0)
+        quarantine_guard(lock)
 
 
 def _reclaim_from_dead_process(sem: Lock, token: str) -> bool:
@@ -686,18 +760,33 @@ def _park(
     if registered:
         # the wake copy says so: units are reserved for it, so it needs a worker slot now
         wake_data = _wake_data(task, request, headers, {**later.header(retries), "w": 1})
-        attempt = sem.try_acquire(
-            ticket,
-            place_ttl=countdown + max(PLACE_SLACK, opts.lease_ttl),
-            wake_data=wake_data,
-            wake_grace=PARKED_WAKE_GRACE,
-            **{**common, "epoch": epoch},
-        )
-        if attempt.permit is not None:
-            return attempt  # a unit came free meanwhile: run now
-        if attempt.status is not AttemptStatus.WAITING:
-            return attempt
-        position = attempt.position
+        try:
+            quarantine_guard(sem)
+            attempt = sem.try_acquire(
+                ticket,
+                place_ttl=countdown + max(PLACE_SLACK, opts.lease_ttl),
+                wake_data=wake_data,
+                wake_grace=PARKED_WAKE_GRACE,
+                **{**common, "epoch": epoch},
+            )
+            _check_grant(sem, attempt, ticket, common["claim"])
+        except SemaphoreBackendError as exc:
+            # Fail closed: park on the countdown alone (the copy keeps the ticket, so the
+            # place, if it still exists); never fail the task for a Redis blip.
+            log_acquire.warning(
+                "task %s: semaphore unavailable (%s); retrying later without running",
+                task.name,
+                exc,
+                semaphore=sem.name,
+                task_id=request.id,
+            )
+            position = None
+        else:
+            if attempt.permit is not None:
+                return attempt  # a unit came free meanwhile: run now
+            if attempt.status is not AttemptStatus.WAITING:
+                return attempt
+            position = attempt.position
     else:
         position = None
     sig.apply_async(countdown=countdown)
@@ -794,15 +883,23 @@ def _hold(
         task_id=task.request.id,
     )
     held_since = clock.monotonic()  # ops: events
+    interrupted = False
     try:
         return call()
+    except (SystemExit, KeyboardInterrupt):
+        interrupted = True
+        raise
     finally:
         permits.remove(permit)
         heartbeat.unregister(permit)
         # a ticket that parked may have other copies in flight: remember it long enough that
         # they find it done and drop themselves
         tomb = None
-        if state.epoch > 0 or state.takeover:
+        if interrupted:
+            # cut short (cold shutdown, terminate): the execution did not finish, so nothing
+            # may report it done; an acks_late message comes back and must run
+            tomb = 0.0
+        elif state.epoch > 0 or state.takeover:
             tomb = 2 * (opts.retry_backoff_max + PLACE_SLACK + opts.lease_ttl)
         # ops: events (held =)
         held = release_with_retry(permit, tombstone_ttl=tomb, task_id=task.request.id)

@@ -628,6 +628,26 @@ class Semaphore:
         self._wake(reply[1:])
         return int(reply[0])
 
+    def boot_marker(self) -> tuple[bool, str, int]:
+        """The marker of this semaphore's state in Redis: ``(created, marker, fence)``.
+
+        The first call on a fresh state writes a random marker into the state hash; later
+        calls read it.  A caller that has seen one marker and later finds another (or had
+        to create one) knows that the state was lost meanwhile: Redis restarted without
+        persistence, failed over to a replica that lacked it, or the keys were flushed.
+        ``fence`` is the last fencing token granted (it only grows while the state lives).
+        """
+        fresh = self.new_ticket()
+
+        def call() -> list[Any]:
+            pipe = self.client.pipeline(transaction=False)
+            pipe.hsetnx(self.keys.state, "boot", fresh)
+            pipe.hmget(self.keys.state, "boot", "fence")
+            return list(pipe.execute())
+
+        created, (marker, fence) = self._call(call)
+        return bool(created), _text(marker), int(fence or 0)
+
     def set_limit_override(self, limit: int | None) -> None:
         """Store a runtime limit in Redis that every client of this semaphore obeys (None
         clears it).  Lowering it revokes nothing: new grants wait until enough is released."""

@@ -152,7 +152,7 @@ def _release_dead(task: Any, task_id: str | None, request: Any, why: str) -> Non
             "released the permit of task %s after %s",
             task.name,
             why,
-            semaphore=spec.name,
+            semaphore=lock.name,
             task_id=task_id,
         )
 

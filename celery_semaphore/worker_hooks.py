@@ -21,7 +21,7 @@ from typing import Any
 
 from . import logs
 
-__all__ = ["on_worker_init"]
+__all__ = ["note_dynamic_name", "on_worker_init"]
 
 log = logs.get("registry")
 log_metrics = logs.get("metrics")
@@ -34,7 +34,6 @@ def on_worker_init(app: Any, worker: Any = None) -> None:
     if port is not None:
         _prepare_metrics(app, port, str(app.conf.get("semaphore_metrics_address", "0.0.0.0")))
     _record(app, worker)
-    _record_dynamic_names(app, worker)
 
 
 def _record(app: Any, worker: Any) -> None:
@@ -62,48 +61,22 @@ def _record(app: Any, worker: Any) -> None:
         )
 
 
-def _record_dynamic_names(app: Any, worker: Any) -> None:
-    """Subscribe (in the main process, so pool children inherit it) to the ``used`` event,
-    and record each name made from a task's arguments the first time a process uses it."""
-    from . import config, events, registry
-    from .decorators import spec_of
+def note_dynamic_name(
+    app: Any, name: str, template: str, task: str, limit: int, weight: int, node: str
+) -> None:
+    """Record a semaphore name made from a task's arguments (``template``) in the registry,
+    the first time this process uses it (called by the task's wrapper in a worker), so
+    ``celery semaphore list`` shows it.  Best effort: a failure is logged at DEBUG."""
+    from . import config, registry
+    from .runtime import client_for
 
-    node = str(getattr(worker, "hostname", "") or "")
-    if not node:
-        return  # not a worker node (a test calling the hook): subscribe nothing for good
-    if not any(
-        m.dynamic_name
-        for t in list(app.tasks.values())
-        if (spec := spec_of(t)) is not None
-        for m in spec.members
-    ):
-        return
+    use = registry.TaskUse(name, task, limit, weight, template=template)
     prefix = app.conf.get("semaphore_key_prefix", "celery_semaphore")
-
-    def on_event(kind: str, fields: dict[str, Any]) -> None:
-        if kind != "used":
-            return
-        from .runtime import client_for
-
-        use = registry.TaskUse(
-            fields["name"],
-            fields["task"],
-            int(fields["limit"]),
-            int(fields["weight"]),
-            template=str(fields["template"]),
-        )
-        try:
-            client = client_for(config.redis_url_for(app.conf), app.conf)
-            registry.note_used(client, prefix, use, node)
-        except Exception as exc:  # best effort: never fail a task over the registry
-            log.debug(
-                "could not record it in the registry: %s",
-                exc,
-                semaphore=str(fields["name"]),
-                task_id=None,
-            )
-
-    events.subscribe(on_event)
+    try:
+        client = client_for(config.redis_url_for(app.conf), app.conf)
+        registry.note_used(client, prefix, use, node)
+    except Exception as exc:  # never fail a task over the registry
+        log.debug("could not record a dynamic name: %s", exc, semaphore=name, task_id=None)
 
 
 def _prepare_metrics(app: Any, port: int, address: str) -> None:

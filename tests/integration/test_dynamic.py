@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from celery_semaphore import registry
+from celery_semaphore import Semaphore, registry
 from tests.ops.conftest import run_cli
 
 from . import proj
@@ -100,3 +100,15 @@ def test_hash_tag_setting_puts_every_semaphore_in_one_slot(env: Env) -> None:
     assert all(k.startswith(f"{env.prefix}:{{shared}}:") for k in keys), keys
     assert max_inside(env, "cust-x") == env.limit
     assert max_inside(env, "cust-y") == env.limit
+    # operator tools read the same keys (the client app has the same setting)
+    sem = Semaphore(
+        "cust:x", env.limit, redis=env.redis_url, key_prefix=env.prefix, hash_tag="shared"
+    )
+    app = env.client_app()
+    try:
+        with sem.hold(timeout=5) as permit:
+            shown = run_cli(app, "show", "cust:x", "--json")
+    finally:
+        app.close()
+    assert shown.exit_code == 0, shown.output
+    assert permit.token in shown.stdout

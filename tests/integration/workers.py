@@ -36,6 +36,10 @@ class Env:
     limit: int = 2
     lease: float = 60.0
     extra: dict[str, Any] = field(default_factory=dict)
+    #: the module ``celery -A`` loads in the workers (its ``app``)
+    app_module: str = "tests.integration.proj"
+    #: more environment variables for the workers
+    more_env: dict[str, str] = field(default_factory=dict)
 
     @property
     def queue(self) -> str:
@@ -53,6 +57,7 @@ class Env:
             CS_EXTRA=json.dumps(self.extra),
             PYTHONPATH=str(ROOT) + os.pathsep + env.get("PYTHONPATH", ""),
         )
+        env.update(self.more_env)
         return env
 
     def client_app(self) -> Celery:
@@ -131,7 +136,7 @@ def start_worker(
         "-m",
         "celery",
         "-A",
-        "tests.integration.proj",
+        env.app_module,
         "worker",
         "-P",
         pool,

@@ -123,6 +123,7 @@ def test_each_concern_has_one_logger_and_the_modules_of_that_concern_use_it() ->
         "wait": {"runtime", "gate"},
         "release": {"runtime", "gate", "signals", "heartbeat"},
         "heartbeat": {"heartbeat"},
+        "restart": {"restart"},
         "gate": {"gate"},
         "config": {"signals", "connection"},
         "semaphore": {"semaphore"},

@@ -1,0 +1,107 @@
+"""A grant the gate makes as the worker stops is given back at once, not left to its lease.
+
+Found by the warm-shutdown chaos test: a body that finishes during a warm shutdown releases
+its unit; the release wakes the gate, which grants the unit to a held task and asks the hub to
+hand it to the pool, but the hub has stopped, so the hand-over never runs and the unit stayed
+held until its lease ran out (then the redelivered message waited for it too).
+
+Here the gate runs in this process on a real Redis, in front of a stand-in for the consumer
+whose hub has stopped: ``call_soon`` keeps the callbacks and never runs them (until the test
+does, to check that a late hand-over does nothing).
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable, Iterator
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from celery import Celery
+from celery.worker import state
+
+from celery_semaphore import limited
+from celery_semaphore.gate import Gate
+from celery_semaphore.runtime import semaphore_for
+from celery_semaphore.testing import RedisServer
+from tests.conftest import delete_prefix
+from tests.integration.workers import wait_until
+
+pytestmark = [pytest.mark.chaos, pytest.mark.timeout(60)]
+
+
+class StoppedConsumer:
+    """What the gate uses of Celery's consumer, with a hub that no longer runs callbacks."""
+
+    def __init__(self, app: Celery) -> None:
+        self.app = app
+        self.hostname = f"stub-{uuid.uuid4().hex[:6]}@localhost"
+        self.pool = None
+        self.qos = SimpleNamespace(
+            increment_eventually=lambda: None, decrement_eventually=lambda: None
+        )
+        self.soon: list[tuple[Callable[..., Any], tuple[Any, ...]]] = []
+
+    def call_soon(self, fn: Callable[..., Any], *args: Any) -> None:
+        self.soon.append((fn, args))
+
+
+class Request:
+    """The parts of celery.worker.request.Request the gate reads."""
+
+    def __init__(self, task: Any) -> None:
+        self.task, self.name, self.id = task, task.name, str(uuid.uuid4())
+        self.request_dict: dict[str, Any] = {"retries": 0}
+        self.delivery_info: dict[str, Any] = {}
+        self.expires = None
+        self.time_start = None
+
+    def revoked(self) -> bool:
+        return False
+
+
+@pytest.fixture
+def app(redis_server: RedisServer) -> Iterator[Celery]:
+    prefix = f"cstest-{uuid.uuid4().hex[:10]}"
+    url = redis_server.url(0)
+    a = Celery("gate-stop", broker=url, backend=url, set_as_current=False)
+    a.conf.update(semaphore_redis_url=url, semaphore_key_prefix=prefix)
+    yield a
+    client = redis_server.client(0)
+    delete_prefix(client, prefix)
+    client.close()
+
+
+def test_a_grant_not_handed_over_before_stop_is_released(app: Celery) -> None:
+    @app.task(bind=True, name="gate_stop.limited")
+    @limited("main", limit=1, lease_ttl=60)
+    def job(self: Any) -> None:
+        pass
+
+    consumer = StoppedConsumer(app)
+    dispatched: list[Any] = []
+
+    def _process_task(req: Any) -> None:
+        dispatched.append(req)
+
+    gate = Gate(consumer, _process_task, hold=10)
+    gate.start()
+    sem = semaphore_for(app, "main", 1, 60.0)
+    blocker = sem.try_acquire("blocker")
+    assert blocker.permit is not None
+    req = Request(job)
+    state.task_reserved(req)  # what Celery's strategy does before on_task_request
+    try:
+        assert gate.on_task_request(req) is None
+        assert gate.held() == [f"{req.id}:0"]  # waiting in the gate
+        blocker.permit.release()  # wakes the gate in this process: it grants at once
+        wait_until(lambda: consumer.soon, 10, what="the gate asked the hub to hand it over")
+        assert [h.owner["task_id"] for h in sem.holders()] == [req.id]
+    finally:
+        gate.stop()
+        state.task_ready(req)
+    assert sem.holders() == []  # given back at stop, not after the 60 s lease
+    for fn, args in consumer.soon:  # a hub that runs them after all: nothing is dispatched
+        fn(*args)
+    assert dispatched == []
