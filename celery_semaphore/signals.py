@@ -38,6 +38,8 @@ def _on_worker_init(sender: Any = None, **_: Any) -> None:
         limited = [(name, spec) for name, spec in specs if spec is not None]
         if limited:
             redis = config.redis_settings(app.conf)  # URL, cluster flag and options together
+            if redis.cluster and not app.conf.get("semaphore_hash_tag", None):
+                _check_one_slot(limited)
             connection.check(redis.url, cluster=redis.cluster, options=redis.options)
         for task_name, spec in limited:
             config.resolve(app.conf, spec.options)  # task options with app settings
@@ -53,6 +55,19 @@ def _on_worker_init(sender: Any = None, **_: Any) -> None:
         from .gate import install
 
         install(app)
+
+
+def _check_one_slot(limited: list[tuple[str, Any]]) -> None:
+    """On Redis Cluster, the semaphores a task takes at once go through one script, so they
+    must live in one slot: that needs semaphore_hash_tag."""
+    for task_name, spec in limited:
+        if len(spec.members) > 1:
+            names = ", ".join(repr(m.name) for m in spec.members)
+            raise ValueError(
+                f"task {task_name} takes several semaphores at once ({names}); on Redis "
+                "Cluster they must share one slot: set semaphore_hash_tag (e.g. "
+                "semaphore_hash_tag='proj')"
+            )
 
 
 def _check_member(conf: Any, task_name: str, member: Member) -> None:

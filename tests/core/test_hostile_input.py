@@ -17,7 +17,7 @@ from celery import Celery
 from hypothesis import HealthCheck, assume, event, given, settings
 from hypothesis import strategies as st
 
-from celery_semaphore import Semaphore, SemaphoreError, limited
+from celery_semaphore import Semaphore, SemaphoreError, SemaphoreGroup, limited
 from celery_semaphore.config import OPTIONS, validate_app_settings, validate_task_options
 from celery_semaphore.connection import ACCEPTED_OPTIONS, validate_options
 from celery_semaphore.keys import MAX_READABLE, SemaphoreKeys, encode_name
@@ -300,7 +300,7 @@ def test_limited_accepts_or_refuses_with_a_documented_error(
         return
     app = Celery("fuzz", set_as_current=False)
 
-    @app.task(bind=True)  # type: ignore[untyped-decorator]
+    @app.task(bind=True, shared=False)  # type: ignore[untyped-decorator]
     @deco
     def task(self: Any) -> None:
         return None
@@ -389,3 +389,79 @@ def test_connection_options_are_accepted_or_refused_naming_the_setting(
 def test_semaphore_errors_are_documented_exceptions() -> None:
     # the only exceptions the fuzzed calls above may raise besides TypeError/ValueError
     assert issubclass(SemaphoreError, Exception)
+
+
+# -- hash tags: several semaphores in one slot, still never sharing a key ---------------------
+
+tags = st.one_of(st.none(), names)
+
+
+@FUZZ
+@given(a=st.tuples(tags, names), b=st.tuples(tags, names))
+def test_hash_tag_and_name_pairs_never_share_keys(
+    redis_client: redis.Redis,
+    fuzz_prefix: str,
+    a: tuple[str | None, str],
+    b: tuple[str | None, str],
+) -> None:
+    assume(a != b)
+    ka = SemaphoreKeys.for_name(a[1], fuzz_prefix, a[0])
+    kb = SemaphoreKeys.for_name(b[1], fuzz_prefix, b[0])
+    assert not set(ka.state_keys()) & set(kb.state_keys())
+    for keys, (tag, name) in ((ka, a), (kb, b)):
+        for key in keys.state_keys():
+            # the hash tag is the text between the first '{' and the next '}'
+            assert key[key.index("{") + 1 : key.index("}")] == encode_name(
+                name if tag is None else tag
+            )
+    sem_a = Semaphore(a[1], 1, redis=redis_client, key_prefix=fuzz_prefix, hash_tag=a[0])
+    sem_b = Semaphore(b[1], 1, redis=redis_client, key_prefix=fuzz_prefix, hash_tag=b[0])
+    try:
+        held = sem_a.acquire(blocking=False)
+        assert held is not None
+        other = sem_b.acquire(blocking=False)  # b is its own semaphore, empty
+        assert other is not None
+        assert sem_a.inspect().holders[0].token == held.token
+        other.release()
+        held.release()
+        stray = [
+            k
+            for k in _keys_under(redis_client, fuzz_prefix)
+            if not k.startswith((sem_a.keys.base + ":", sem_b.keys.base + ":"))
+        ]
+        assert stray == []
+    finally:
+        delete_prefix(redis_client, fuzz_prefix)
+
+
+@FUZZ
+@given(
+    tag=names,
+    # weights are fuzzed above; here every group is valid, so every example reaches Redis
+    members=st.lists(
+        st.tuples(names, st.integers(1, 3)), min_size=1, max_size=4, unique_by=lambda m: m[0]
+    ),
+)
+def test_groups_of_hostile_names_only_touch_their_members_keys(
+    redis_client: redis.Redis, fuzz_prefix: str, tag: str, members: list[tuple[str, Any]]
+) -> None:
+    sems = [
+        Semaphore(name, 3, redis=redis_client, key_prefix=fuzz_prefix, hash_tag=tag)
+        for name, _ in members
+    ]
+    try:
+        group = SemaphoreGroup([(s, w) for s, (_, w) in zip(sems, members, strict=True)])
+    except DOCUMENTED:
+        event("group refused (duplicate names or bad weights)")
+        return
+    try:
+        permit = group.acquire(blocking=False)
+        assert permit is not None  # every member is empty and every weight fits
+        for sem, (_, weight) in zip(sems, members, strict=True):
+            assert sem.inspect().used == weight
+        assert permit.release() is True
+        assert all(s.inspect().used == 0 for s in sems)
+        bases = tuple(s.keys.base + ":" for s in sems)
+        assert [k for k in _keys_under(redis_client, fuzz_prefix) if not k.startswith(bases)] == []
+    finally:
+        delete_prefix(redis_client, fuzz_prefix)

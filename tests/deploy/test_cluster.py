@@ -5,6 +5,7 @@ semaphores live in the cluster (broker, results and bookkeeping stay on the sess
 
 from __future__ import annotations
 
+import subprocess
 import threading
 import time
 import uuid
@@ -15,7 +16,7 @@ import pytest
 import redis
 from redis.cluster import RedisCluster
 
-from celery_semaphore import AttemptStatus, Semaphore
+from celery_semaphore import AttemptStatus, GroupPermit, Semaphore, SemaphoreGroup
 from celery_semaphore.connection import describe_client, redis_client
 from celery_semaphore.testing import RedisServer
 from tests.conftest import delete_prefix
@@ -198,7 +199,12 @@ def test_celery_worker_round_trip_against_the_cluster(
         redis_url=redis_server.url(0),
         broker_url=redis_server.url(0),
         limit=2,
-        extra={"semaphore_redis_url": cluster.urls, "semaphore_redis_cluster": True},
+        extra={
+            "semaphore_redis_url": cluster.urls,
+            "semaphore_redis_cluster": True,
+            # proj also has tasks that take two semaphores at once: one slot for all
+            "semaphore_hash_tag": "proj",
+        },
     )
     node = start_worker(env, concurrency=3, name="cluster")
     client = redis_client(cluster.urls, cluster=True)
@@ -209,7 +215,7 @@ def test_celery_worker_round_trip_against_the_cluster(
         assert max_inside(env) == env.limit
         assert inside(env) == 0
         assert sorted(ran(env)) == sorted(f"c{i}" for i in range(10))
-        sem = Semaphore("main", env.limit, redis=client, key_prefix=env.prefix)
+        sem = Semaphore("main", env.limit, redis=client, key_prefix=env.prefix, hash_tag="proj")
         wait_until(lambda: sem.inspect().holders == [], 10, what="no holders left")
         snap = sem.inspect()
         # the grants really happened in the cluster: ten fencing tokens were handed out there
@@ -232,3 +238,159 @@ def test_celery_worker_round_trip_against_the_cluster(
         delete_prefix(local, env.prefix)
         local.delete(env.queue)
         local.close()
+
+
+# -- several semaphores at once: one hash_tag per group ---------------------------------------
+
+
+def _slot(client: Any, key: str) -> int:
+    return int(client.keyslot(key))
+
+
+def test_groups_sharing_a_hash_tag_work_on_every_master(
+    client: Any, cluster: Cluster, prefix: str
+) -> None:
+    tags = [f"team-{i}" for i in range(8)]  # 8 hash tags: groups land on every master
+    for tag in tags:
+        gpu = Semaphore("gpu", 2, redis=client, key_prefix=prefix, hash_tag=tag)
+        licence = Semaphore("licence", 1, redis=client, key_prefix=prefix, hash_tag=tag)
+        slots = {_slot(client, k) for s in (gpu, licence) for k in s.keys.state_keys()}
+        assert len(slots) == 1  # one script, one slot
+        group = SemaphoreGroup([(gpu, 1), (licence, 1)])
+        permit = group.acquire(blocking=False)
+        assert permit is not None
+        assert gpu.inspect().used == 1
+        assert licence.inspect().used == 1
+        # licence is full: the next group gets nothing at all (all or nothing)
+        assert group.acquire(blocking=False) is None
+        assert gpu.inspect().used == 1
+        assert permit.refresh() is True
+        # a blocked group waiter is woken by the release that frees its units
+        got: list[Any] = []
+        thread = threading.Thread(target=lambda g=group, out=got: out.append(g.acquire(timeout=10)))
+        thread.start()
+        wait_until(lambda s=licence: len(s.waiters()) == 1, 5, what="the group waits")
+        assert len(gpu.waiters()) == 1  # a place in every member's line
+        assert permit.release() is True
+        thread.join(timeout=10)
+        assert isinstance(got[0], GroupPermit)
+        got[0].release()
+        assert gpu.inspect().used == 0
+        assert licence.inspect().used == 0
+        # a ticket that gives up its place leaves no trace in any line
+        ticket = Semaphore.new_ticket()
+        holder = licence.acquire(blocking=False)
+        assert holder is not None
+        assert group.try_acquire(ticket, place_ttl=5).status is AttemptStatus.WAITING
+        assert group.withdraw(ticket) is True
+        assert gpu.waiters() == []
+        holder.release()
+    assert len(_nodes_with_keys(cluster, prefix)) == 3, "the tags should cover all 3 masters"
+
+
+def test_a_group_without_a_common_hash_tag_is_refused_on_the_cluster(
+    client: Any, prefix: str
+) -> None:
+    a = Semaphore("a", 1, redis=client, key_prefix=prefix)
+    b = Semaphore("b", 1, redis=client, key_prefix=prefix)
+    with pytest.raises(ValueError, match="hash_tag"):
+        SemaphoreGroup([(a, 1), (b, 1)]).acquire(blocking=False)
+
+
+def test_the_cli_finds_and_operates_semaphores_on_every_master(
+    client: Any, cluster: Cluster, prefix: str, redis_url: str
+) -> None:
+    import json
+
+    from tests.ops.conftest import make_app, run_cli
+
+    app = make_app(redis_url, prefix)  # broker and results on the session's Redis
+    app.conf.update(semaphore_redis_url=cluster.urls, semaphore_redis_cluster=True)
+    names = [f"loose-{i}" for i in range(9)]  # used without Celery: only SCAN finds them
+    for name in names:
+        held = Semaphore(name, 2, redis=client, key_prefix=prefix).acquire(blocking=False)
+        assert held is not None
+    assert len(_nodes_with_keys(cluster, prefix)) == 3
+    try:
+        listed = run_cli(app, "list", "--json")
+        assert listed.exit_code == 0, listed.output
+        rows = {row["name"]: row for row in json.loads(listed.stdout)}
+        assert set(names) <= set(rows)  # SCAN went over every master
+        assert all(rows[name]["used"] == 1 for name in names)
+        reset = run_cli(app, "reset", names[0], "--yes")
+        assert reset.exit_code == 0, reset.output
+        assert Semaphore(names[0], 2, redis=client, key_prefix=prefix).inspect().used == 0
+    finally:
+        app.close()
+
+
+def test_several_semaphores_per_task_on_the_cluster_with_semaphore_hash_tag(
+    cluster: Cluster, redis_server: RedisServer
+) -> None:
+    """A task limited by two semaphores at once (one group script) runs on a cluster when
+    they share a slot through semaphore_hash_tag."""
+    env = Env(
+        redis_url=redis_server.url(0),
+        broker_url=redis_server.url(0),
+        limit=2,
+        extra={
+            "semaphore_redis_url": cluster.urls,
+            "semaphore_redis_cluster": True,
+            "semaphore_hash_tag": "proj",
+        },
+    )
+    node = start_worker(env, concurrency=3, name="cluster-multi")
+    client = redis_client(cluster.urls, cluster=True)
+    try:
+        app = env.client_app()
+        ring = 3
+        jobs = [(i % ring, (i + 1) % ring) for i in range(ring)] * 4
+        results = [
+            app.send_task(proj.pair.name, (a, b, f"p{n}", 0.05)) for n, (a, b) in enumerate(jobs)
+        ]
+        assert sorted(r.get(timeout=60) for r in results) == sorted(f"p{n}" for n in range(12))
+        app.close()
+        for resource in range(ring):
+            assert max_inside(env, f"pair-{resource}") == 1, resource  # independent counter
+        for resource in range(ring):
+            sem = Semaphore(
+                f"pair:{resource}", 1, redis=client, key_prefix=env.prefix, hash_tag="proj"
+            )
+            assert sem.inspect().holders == []
+            assert int(client.hget(sem.keys.state, "fence") or 0) >= 1  # granted in the cluster
+        problems = [
+            line
+            for line in node.log().splitlines()
+            if ("WARNING/" in line or "ERROR/" in line or "CRITICAL/" in line)
+        ]
+        assert problems == []
+    finally:
+        node.stop()
+        client.close()
+        delete_cluster_prefix(cluster, env.prefix)
+        local = redis_server.client(0)
+        delete_prefix(local, env.prefix)
+        local.delete(env.queue)
+        local.close()
+
+
+def test_a_worker_with_multi_semaphore_tasks_needs_semaphore_hash_tag_on_a_cluster(
+    cluster: Cluster, redis_server: RedisServer
+) -> None:
+    env = Env(
+        redis_url=redis_server.url(0),
+        broker_url=redis_server.url(0),
+        extra={"semaphore_redis_url": cluster.urls, "semaphore_redis_cluster": True},
+    )
+    node = start_worker(env, concurrency=1, wait=False)
+    try:
+        try:
+            code = node.process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"the worker kept running:\n{node.log()[-2000:]}")
+        text = node.output() + node.log()
+        assert code != 0
+        assert "takes several semaphores at once" in text, text[-2000:]
+        assert "set semaphore_hash_tag" in text
+    finally:
+        node.stop(timeout=5)

@@ -17,6 +17,11 @@ from celery import Celery
 from celery_semaphore import Semaphore, SemaphoreBackendError
 from celery_semaphore.config import redis_settings
 from celery_semaphore.connection import check, describe_client, redis_client
+from celery_semaphore.testing import RedisServer
+from tests.conftest import delete_prefix
+from tests.integration import proj
+from tests.integration.helpers import ran
+from tests.integration.workers import Env, start_worker
 
 from .servers import MASTER_NAME, SentinelSetup, redis_sentinel, wait_for
 
@@ -138,3 +143,51 @@ def test_client_follows_the_new_master_after_a_failover(sentinel: SentinelSetup,
     assert snap.holders == []
     assert snap.waiters == []
     client.close()
+
+
+def test_a_celery_worker_carries_on_through_a_failover(
+    sentinel: SentinelSetup, redis_server: RedisServer
+) -> None:
+    """Tasks that meet the failover fail closed (they park and come back); every task runs,
+    once, and the worker's own clients follow the new master."""
+    url = redis_server.url(0)
+    env = Env(
+        redis_url=url,
+        broker_url=url,
+        limit=2,
+        # a task that ends while there is no master cannot release: its units come back when
+        # its lease runs out (see docs/recipes.md#sentinel), so keep leases short here
+        lease=5.0,
+        extra={
+            "semaphore_redis_url": sentinel.url,
+            "semaphore_redis_options": {"master_name": MASTER_NAME},
+            "semaphore_retry_backoff_max": 2.0,
+        },
+    )
+    node = start_worker(env, concurrency=3, name="sentinel")
+    app = env.client_app()
+    try:
+        results = [app.send_task(proj.work.name, (f"f{i}", 0.2)) for i in range(16)]
+        wait_for(lambda: len(ran(env)) >= 4, 30, "tasks running before the failover")
+        sentinel.group.kill(sentinel.master, signal.SIGKILL)
+        wait_for(
+            lambda: sentinel.master_port_now() == sentinel.replica_port,
+            40,
+            "the sentinel names the replica as master",
+            interval=0.2,
+        )
+        assert sorted(r.get(timeout=90) for r in results) == sorted(f"f{i}" for i in range(16))
+        assert sorted(ran(env)) == sorted(f"f{i}" for i in range(16))  # each ran once
+        client = _settings_client(sentinel)
+        sem = Semaphore("main", env.limit, redis=client, key_prefix=env.prefix)
+        wait_for(lambda: sem.inspect().used == 0, 10, "no units held afterwards")
+        # grants after the failover were made on the new master
+        assert int(client.hget(sem.keys.state, "fence") or 0) >= 1
+        client.close()
+    finally:
+        app.close()
+        node.stop()
+        local = redis_server.client(0)
+        delete_prefix(local, env.prefix)
+        local.delete(env.queue)
+        local.close()

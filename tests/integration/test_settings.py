@@ -221,8 +221,25 @@ def test_semaphore_limits_in_a_real_worker(redis_server: RedisServer) -> None:
         ({"semaphore_lease_tll": 5}, "semaphore_lease_tll"),  # a typo: unknown setting
         ({"semaphore_limits": {"main": 0}}, "semaphore_limits"),
         ({"semaphore_on_lease_lost": "ignore"}, "semaphore_on_lease_lost"),
+        ({"semaphore_redis_options": {"ssl_ca_cert": "/x"}}, "unknown key 'ssl_ca_cert'"),
+        (
+            {"semaphore_redis_url": "sentinel://127.0.0.1:26379/0"},
+            "semaphore_redis_options must name the Sentinel service",
+        ),
+        (
+            {"semaphore_redis_url": "redis://127.0.0.1:7000/2", "semaphore_redis_cluster": True},
+            "a cluster has only database 0",
+        ),
     ],
-    ids=["negative-lease", "typo", "zero-limit", "bad-policy"],
+    ids=[
+        "negative-lease",
+        "typo",
+        "zero-limit",
+        "bad-policy",
+        "redis-option-typo",
+        "sentinel-without-master",
+        "cluster-db",
+    ],
 )
 def test_invalid_setting_stops_the_worker(
     redis_server: RedisServer, extra: dict[str, Any], named: str
