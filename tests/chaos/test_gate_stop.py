@@ -74,7 +74,7 @@ def app(redis_server: RedisServer) -> Iterator[Celery]:
 
 
 def test_a_grant_not_handed_over_before_stop_is_released(app: Celery) -> None:
-    @app.task(bind=True, name="gate_stop.limited")
+    @app.task(bind=True, name="gate_stop.limited", shared=False)  # not on other apps
     @limited("main", limit=1, lease_ttl=60)
     def job(self: Any) -> None:
         pass
