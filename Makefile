@@ -14,7 +14,7 @@ $(VENV)/.installed: pyproject.toml
 	touch $@
 
 demo: $(VENV)/.installed
-	$(BIN)/python -m example_project.primitive_demo
+	$(BIN)/python -m example_project
 
 lint: $(VENV)/.installed
 	$(BIN)/ruff check .

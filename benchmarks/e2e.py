@@ -428,7 +428,7 @@ def _read_log(text: str, run: Run) -> None:
             run.parks += 1
             if len(run.samples) < 3:
                 run.samples.append(line)
-        elif "re-dispatched parked task" in line:
+        elif "re-dispatched the parked task" in line:
             run.wakes += 1
             if len(run.samples) < 6:
                 run.samples.append(line)

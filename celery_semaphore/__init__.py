@@ -18,11 +18,13 @@ from .exceptions import (
 
 if TYPE_CHECKING:
     from .decorators import limited
+    from .group import GroupPermit, SemaphoreGroup
     from .runtime import checkpoint, current_permits
     from .semaphore import (
         Attempt,
         AttemptStatus,
         HolderInfo,
+        PartitionInfo,
         Permit,
         Semaphore,
         Snapshot,
@@ -33,7 +35,16 @@ if TYPE_CHECKING:
 # The core primitive (and redis-py with it) is imported on first use too: every `celery`
 # command imports this package, because the `celery semaphore` plugin lives in it.
 _CORE = frozenset(
-    {"Attempt", "AttemptStatus", "HolderInfo", "Permit", "Semaphore", "Snapshot", "WaiterInfo"}
+    {
+        "Attempt",
+        "AttemptStatus",
+        "HolderInfo",
+        "PartitionInfo",
+        "Permit",
+        "Semaphore",
+        "Snapshot",
+        "WaiterInfo",
+    }
 )
 
 # The Celery layer is imported on first use, so the core primitive (and the `celery` CLI
@@ -46,11 +57,15 @@ _CELERY_LAYER = {
 }
 
 
+_GROUP = frozenset({"GroupPermit", "SemaphoreGroup"})
+
+
 def __getattr__(name: str) -> Any:
-    if name in _CORE:
+    if name in _CORE or name in _GROUP:
         from importlib import import_module
 
-        value = getattr(import_module(f"{__name__}.semaphore"), name)
+        module = "group" if name in _GROUP else "semaphore"
+        value = getattr(import_module(f"{__name__}.{module}"), name)
         globals()[name] = value
         return value
     if name in _CELERY_LAYER:
@@ -80,10 +95,13 @@ __all__ = [
     # the core primitive
     "Semaphore",
     "Permit",
+    "SemaphoreGroup",
+    "GroupPermit",
     # inspection and the low-level API
     "Attempt",
     "AttemptStatus",
     "HolderInfo",
+    "PartitionInfo",
     "Snapshot",
     "WaiterInfo",
     # errors

@@ -14,7 +14,17 @@ from typing import Any
 
 from redis.exceptions import NoScriptError
 
-OPERATIONS = ("acquire", "release", "refresh", "withdraw", "reclaim", "inspect")
+OPERATIONS = (
+    "acquire",
+    "release",
+    "refresh",
+    "withdraw",
+    "reclaim",
+    "inspect",
+    "group_acquire",
+    "group_release",
+    "group_refresh",
+)
 
 
 @cache

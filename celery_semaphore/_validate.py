@@ -12,12 +12,33 @@ from urllib.parse import urlsplit
 REDIS_SCHEMES = ("redis", "rediss", "unix")
 
 
+#: the largest limit or weight: the Lua scripts count units in doubles, exact up to 2**53,
+#: and add two counts (units held plus a weight), so each stays within 2**52
+MAX_UNITS = 2**52
+#: the longest time in seconds (about 31 years): beyond it, milliseconds overflow a float
+MAX_SECONDS = 1e9
+
+
 def positive_int(param: str, value: object, *, maximum: int | None = None) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise TypeError(f"{param} must be an int >= 1, got {type(value).__name__} {value!r}")
+    if value > MAX_UNITS and (maximum is None or maximum > MAX_UNITS):
+        raise ValueError(
+            f"{param}={value!r} is not accepted: use an int from 1 to 2**52 ({MAX_UNITS}); "
+            "larger counts lose precision in Redis's Lua numbers"
+        )
     if value < 1 or (maximum is not None and value > maximum):
         accepted = f"an int from 1 to {maximum}" if maximum is not None else "an int >= 1"
         raise ValueError(f"{param}={value!r} is not accepted: use {accepted}")
+    return value
+
+
+def _at_most(param: str, value: float) -> float:
+    if value > MAX_SECONDS:
+        raise ValueError(
+            f"{param}={value!r} is not accepted: use at most {MAX_SECONDS:.0f} seconds "
+            "(about 31 years)"
+        )
     return value
 
 
@@ -39,7 +60,7 @@ def _seconds(param: str, value: object, *, allow_none: bool) -> float:
         raise ValueError(
             f"{param}={value!r} is not accepted: use a finite number of seconds > 0{none}"
         )
-    return float(value)
+    return _at_most(param, float(value))
 
 
 def non_negative_seconds(param: str, value: object) -> float:
@@ -60,7 +81,7 @@ def _non_negative(param: str, value: object, *, allow_none: bool) -> float:
         raise ValueError(
             f"{param}={value!r} is not accepted: use a finite number of seconds >= 0{none}"
         )
-    return float(value)
+    return _at_most(param, float(value))
 
 
 def name(param: str, value: object) -> str:
@@ -85,3 +106,35 @@ def redis_url(param: str, value: str) -> str:
             f"{', '.join(s + '://' for s in REDIS_SCHEMES)}"
         )
     return value
+
+
+#: the longest partition name, in UTF-8 bytes (the line stores its length in four digits)
+MAX_PARTITION_BYTES = 1024
+#: the largest partition weight
+MAX_PARTITION_WEIGHT = 1000
+
+
+def partition(param: str, value: object) -> str:
+    """A partition name: any str ('' is the default partition) of at most
+    :data:`MAX_PARTITION_BYTES` UTF-8 bytes."""
+    if not isinstance(value, str):
+        raise TypeError(
+            f"{param} must be a str ('' for the default partition), got "
+            f"{type(value).__name__} {value!r}"
+        )
+    try:
+        size = len(value.encode("utf-8"))
+    except UnicodeEncodeError:
+        raise ValueError(
+            f"{param}={value!r} is not accepted: it must be encodable as UTF-8 (no lone surrogates)"
+        ) from None
+    if size > MAX_PARTITION_BYTES:
+        raise ValueError(
+            f"{param}={value[:40]!r}... is not accepted: use at most {MAX_PARTITION_BYTES} "
+            f"UTF-8 bytes (got {size})"
+        )
+    return value
+
+
+def optional_positive_int(param: str, value: object) -> int | None:
+    return None if value is None else positive_int(param, value)

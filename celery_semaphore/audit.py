@@ -14,15 +14,16 @@ from __future__ import annotations
 
 import getpass
 import json
-import logging
 import os
 import socket
 import time
 from typing import Any
 
+from . import logs
+
 __all__ = ["MAX_ENTRIES", "audit_key", "operator", "read", "record"]
 
-log = logging.getLogger("celery_semaphore.cli")
+log = logs.get("cli")
 
 MAX_ENTRIES = 1000
 
@@ -43,14 +44,17 @@ def operator() -> dict[str, Any]:
 def record(client: Any, prefix: str, action: str, name: str, **detail: Any) -> dict[str, Any]:
     """Log the action at WARNING and append it to the audit list; return the entry."""
     entry = {"at": time.time(), "action": action, "name": name, **operator(), "detail": detail}
+    task_id = detail.get("task_id")
     log.warning(
-        "celery-semaphore: %s on semaphore %r by %s@%s (pid %s): %s",
+        "celery-semaphore: %s by %s@%s (pid %s): %s",
         action,
-        name,
         entry["user"],
         entry["host"],
         entry["pid"],
         json.dumps(detail, sort_keys=True, default=str),
+        semaphore=name,
+        task_id=task_id if isinstance(task_id, str) else None,
+        extra={"action": action, "operator": f"{entry['user']}@{entry['host']}"},
     )
     key = audit_key(prefix)
     pipe = client.pipeline(transaction=False)

@@ -83,11 +83,12 @@ class _Ops:
         self._client: Any = None
         self._semaphores: dict[tuple[str, int | None], Any] = {}
         self.url = ""
-        from .config import redis_url_for
+        from .config import redis_settings
         from .keys import validate_prefix
 
         try:
-            self.url = redis_url_for(app.conf)
+            self.redis = redis_settings(app.conf)
+            self.url = self.redis.url
             self.prefix = validate_prefix(app.conf.get("semaphore_key_prefix", "celery_semaphore"))
         except (TypeError, ValueError) as exc:
             _fail(str(exc), EXIT_REDIS)
@@ -95,18 +96,19 @@ class _Ops:
     @property
     def client(self) -> Any:
         if self._client is None:
-            import redis
-            from redis.backoff import NoBackoff
             from redis.exceptions import RedisError
-            from redis.retry import Retry
 
-            client = redis.Redis.from_url(
-                self.url,
-                socket_connect_timeout=3,
-                socket_timeout=10,
-                retry=Retry(NoBackoff(), 1),
-            )
+            from .connection import redis_client
+
             try:
+                client = redis_client(
+                    self.url,
+                    cluster=self.redis.cluster,
+                    options=self.redis.options,
+                    socket_connect_timeout=3,
+                    socket_timeout=10,
+                    retries=1,
+                )
                 client.ping()
             except RedisError as exc:
                 _fail(f"cannot reach Redis at {_safe_url(self.url)}: {exc}", EXIT_REDIS)
@@ -144,20 +146,17 @@ class _Ops:
         key = (entry.name, entry.configured_limit)
         sem = self._semaphores.get(key)
         if sem is None:
-            sem = self._semaphores[key] = semaphore_for_known(self.client, self.prefix, entry)
+            hash_tag = self.app.conf.get("semaphore_hash_tag", None)
+            sem = semaphore_for_known(self.client, self.prefix, entry, hash_tag)
+            self._semaphores[key] = sem
         return sem
 
 
 def _safe_url(url: str) -> str:
     """The URL without its password."""
-    from urllib.parse import urlsplit, urlunsplit
+    from .connection import safe_url
 
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    host = parts.hostname or ""
-    netloc = f"{parts.username or ''}:***@{host}" + (f":{parts.port}" if parts.port else "")
-    return urlunsplit(parts._replace(netloc=netloc))
+    return safe_url(url)
 
 
 def _print_json(value: Any) -> None:
@@ -286,12 +285,20 @@ def set_limit(ctx: click.Context, /, name: str, limit: int | None, clear: bool, 
 @click.argument("name")
 @click.argument("token", required=False)
 @click.option("--task-id", default=None, help="Release the permit(s) held by this task.")
+@click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
 @click.pass_context
 @_handle_errors
 def release(
-    ctx: click.Context, /, name: str, token: str | None, task_id: str | None, **_: Any
+    ctx: click.Context,
+    /,
+    name: str,
+    token: str | None,
+    task_id: str | None,
+    yes: bool,
+    **_: Any,
 ) -> None:
-    """Force the release of a permit of NAME, by TOKEN or --task-id (logged, with who did it).
+    """Force the release of a permit of NAME, by TOKEN or --task-id (asks first unless --yes;
+    logged, with who did it).
 
     The task itself keeps running: its heartbeat then reports the permit lost."""
     from . import audit, views
@@ -312,6 +319,18 @@ def release(
         )
     if not targets:
         _fail(f"{missing}; see `celery semaphore show {name}`")
+    if not yes:
+        units = sum(h.weight for h in targets)
+        question = (
+            f"Force-release {len(targets)} permit(s) ({units} unit(s)) of semaphore {name!r}? "
+            "Their tasks keep running, so the semaphore may run over its limit until they end"
+        )
+        try:
+            confirmed = click.confirm(question, default=False)
+        except click.Abort:
+            confirmed = False
+        if not confirmed:
+            _fail("release cancelled (use --yes to skip the question)", EXIT_CANCELLED)
     for holder in targets:
         released = sem.release_token(holder.token)
         audit.record(

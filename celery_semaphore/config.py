@@ -7,8 +7,10 @@ Celery's namespace), the default, and a validator.  Resolution: task option, the
 then default.  Settings are read lazily with ``app.conf.get`` (never ``add_defaults``, whose
 values would beat ``config_from_object``) and validated at worker start.
 
-Settings that only exist at app level: ``semaphore_redis_url``, ``semaphore_key_prefix``,
-``semaphore_limits``, ``semaphore_enabled``, ``semaphore_eager_timeout``,
+Settings that only exist at app level: ``semaphore_redis_url``, ``semaphore_redis_cluster``,
+``semaphore_redis_options``, ``semaphore_key_prefix``, ``semaphore_hash_tag``,
+``semaphore_limits``, ``semaphore_queue_limits``, ``semaphore_queue_weights``,
+``semaphore_enabled``, ``semaphore_eager_timeout``,
 ``semaphore_worker_hold``, ``semaphore_restart_policy``, ``semaphore_restart_quarantine``,
 ``semaphore_metrics_port``, ``semaphore_metrics_address``.
 """
@@ -20,16 +22,23 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
-from . import _validate
+from . import _validate, connection
 from .keys import validate_prefix
 
 __all__ = [
     "APP_SETTINGS",
     "OPTIONS",
+    "SPEC_OPTIONS",
     "Option",
+    "RedisSettings",
     "ResolvedOptions",
+    "redis_settings",
     "redis_url_for",
     "resolve",
+    "partition_cap",
+    "partition_weight",
+    "queue_limits_map",
+    "queue_weights_map",
     "semaphore_limit",
     "validate_app_settings",
     "validate_task_options",
@@ -149,19 +158,48 @@ OPTIONS: dict[str, Option] = {
 APP_SETTINGS: dict[str, tuple[Any, Callable[[str, object], Any], str]] = {
     "semaphore_redis_url": (
         None,
-        lambda p, v: None if v is None else _validate.redis_url(p, _str(p, v)),
-        "Redis for the semaphores; default: a redis(s):// result backend, else a redis(s):// "
-        "broker.",
+        lambda p, v: None if v is None else connection.validate_url(p, _str(p, v), cluster=None),
+        "Redis for the semaphores (redis://, rediss://, unix:// or sentinel:// URL); default: a "
+        "redis(s):// or sentinel:// result backend, else such a broker.",
+    ),
+    "semaphore_redis_cluster": (
+        False,
+        _bool,
+        "True: semaphore_redis_url names node(s) of a Redis Cluster.",
+    ),
+    "semaphore_redis_options": (
+        None,
+        lambda p, v: None if v is None else connection.validate_options(p, v),
+        "Dict of redis-py connection options: TLS files, timeouts, retries; for sentinel:// "
+        "also master_name and sentinel_kwargs.",
     ),
     "semaphore_key_prefix": (
         "celery_semaphore",
         lambda p, v: validate_prefix(v),
         "First part of every Redis key.",
     ),
+    "semaphore_hash_tag": (
+        None,
+        lambda p, v: None if v is None else _validate.name(p, v),
+        "Put every semaphore's keys in the Redis Cluster slot of this one hash tag (needed for "
+        "several semaphores per task on a Redis Cluster); None gives each semaphore its own.",
+    ),
     "semaphore_limits": (
         None,
         lambda p, v: _limits(p, v),
         "Dict of semaphore name -> limit, overriding the limit given in code.",
+    ),
+    "semaphore_queue_limits": (
+        None,
+        lambda p, v: _per_semaphore(p, v, queue_limits_map),
+        "Dict of semaphore name -> {partition (queue) name -> cap}: the most units one "
+        "partition may hold; overrides queue_limits= in code, key by key.",
+    ),
+    "semaphore_queue_weights": (
+        None,
+        lambda p, v: _per_semaphore(p, v, queue_weights_map),
+        "Dict of semaphore name -> {partition (queue) name -> weight from 1 to 1000}: the "
+        "partition's share of the limit while several wait; overrides queue_weights= in code.",
     ),
     "semaphore_enabled": (
         True,
@@ -258,13 +296,102 @@ def _limits(param: str, value: object) -> dict[str, int] | None:
     }
 
 
+#: options of ``@limited`` that are not app settings (see :mod:`.spec`)
+SPEC_OPTIONS = ("weight", "partition", "queue_limits", "queue_weights")
+
+#: the largest partition weight the core accepts
+MAX_PARTITION_WEIGHT = _validate.MAX_PARTITION_WEIGHT
+
+
+def _partition_map(
+    param: str, value: object, check: Callable[[str, object], int], what: str
+) -> dict[str, int] | None:
+    if value is None:
+        return None
+    if not isinstance(value, Mapping):
+        raise TypeError(
+            f"{param} must be a dict of partition (queue) name -> {what}, got "
+            f"{type(value).__name__} {value!r}"
+        )
+    out: dict[str, int] = {}
+    for key, item in value.items():
+        if not isinstance(key, str):
+            raise TypeError(
+                f"{param} keys must be partition (queue) names (str), got "
+                f"{type(key).__name__} {key!r}"
+            )
+        out[key] = check(f"{param}[{key!r}]", item)
+    return out
+
+
+def queue_limits_map(param: str, value: object) -> dict[str, int] | None:
+    """``{partition: cap}`` with caps ints >= 1, or None."""
+    return _partition_map(param, value, _validate.positive_int, "cap (int >= 1)")
+
+
+def queue_weights_map(param: str, value: object) -> dict[str, int] | None:
+    """``{partition: weight}`` with weights ints from 1 to 1000, or None."""
+
+    def weight(p: str, v: object) -> int:
+        return _validate.positive_int(p, v, maximum=MAX_PARTITION_WEIGHT)
+
+    return _partition_map(param, value, weight, f"weight (int from 1 to {MAX_PARTITION_WEIGHT})")
+
+
+def _per_semaphore(
+    param: str, value: object, check: Callable[[str, object], dict[str, int] | None]
+) -> dict[str, dict[str, int]] | None:
+    if value is None:
+        return None
+    if not isinstance(value, Mapping):
+        raise TypeError(
+            f"{param} must be a dict of semaphore name -> {{partition name -> int}}, got "
+            f"{type(value).__name__} {value!r}"
+        )
+    out: dict[str, dict[str, int]] = {}
+    for name, inner in value.items():
+        _validate.name(f"{param} key", name)
+        out[name] = check(f"{param}[{name!r}]", inner) or {}
+    return out
+
+
+def partition_cap(
+    conf: Any, names: tuple[str, ...], code: Mapping[str, int], partition: str
+) -> int | None:
+    """The cap of ``partition`` on a semaphore: ``semaphore_queue_limits`` under its concrete
+    name, then under its name template (``names``, in that order), then ``queue_limits=``."""
+    table = _per_semaphore(
+        "semaphore_queue_limits", conf.get("semaphore_queue_limits", None), queue_limits_map
+    )
+    for name in names:
+        caps = (table or {}).get(name)
+        if caps and partition in caps:
+            return caps[partition]
+    return code.get(partition)
+
+
+def partition_weight(
+    conf: Any, names: tuple[str, ...], code: Mapping[str, int], partition: str
+) -> int:
+    """The share weight of ``partition``: ``semaphore_queue_weights`` under the first of
+    ``names`` that lists it, then ``queue_weights=``, else 1."""
+    table = _per_semaphore(
+        "semaphore_queue_weights", conf.get("semaphore_queue_weights", None), queue_weights_map
+    )
+    for name in names:
+        weights = (table or {}).get(name)
+        if weights and partition in weights:
+            return weights[partition]
+    return code.get(partition, 1)
+
+
 def validate_task_options(options: Mapping[str, Any], *, where: str) -> dict[str, Any]:
     """Check options given in code; unknown names are an error naming the known ones."""
     unknown = sorted(set(options) - set(OPTIONS) - {"weight"})
     if unknown:
         raise TypeError(
             f"{where}: unknown option(s) {', '.join(unknown)}; accepted: "
-            f"{', '.join(sorted([*OPTIONS, 'weight']))}"
+            f"{', '.join(sorted([*OPTIONS, *SPEC_OPTIONS]))}"
         )
     checked: dict[str, Any] = {}
     for key, value in options.items():
@@ -303,6 +430,12 @@ def validate_app_settings(conf: Any, namespace: str | None = None) -> dict[str, 
         out[key] = check(key, conf.get(key, default))
     for opt in OPTIONS.values():
         out[opt.setting] = opt.check(opt.setting, conf.get(opt.setting, opt.default))
+    if out["semaphore_redis_url"] is not None:
+        connection.validate(
+            out["semaphore_redis_url"],
+            cluster=out["semaphore_redis_cluster"],
+            options=out["semaphore_redis_options"],
+        )
     check_heartbeat(
         "semaphore_heartbeat_interval",
         out["semaphore_heartbeat_interval"],
@@ -351,27 +484,86 @@ def resolve(conf: Any, task_options: Mapping[str, Any]) -> ResolvedOptions:
     return ResolvedOptions(**values)
 
 
-def semaphore_limit(conf: Any, name: str, code_limit: int) -> int:
-    """``semaphore_limits[name]`` when configured, else the limit given in code."""
+def semaphore_limit(conf: Any, name: str, code_limit: int, template: str | None = None) -> int:
+    """``semaphore_limits[name]`` when configured, else ``semaphore_limits[template]`` (the
+    name template of a dynamic name), else the limit given in code."""
     limits = _limits("semaphore_limits", conf.get("semaphore_limits", None)) or {}
-    return limits.get(name, code_limit)
+    if name in limits:
+        return limits[name]
+    return limits.get(template, code_limit) if template is not None else code_limit
 
 
 def redis_url_for(conf: Any) -> str:
-    """``semaphore_redis_url``, else a redis(s):// result backend, else a redis(s):// broker."""
+    """``semaphore_redis_url``, else a redis(s):// or sentinel:// result backend, else such a
+    broker."""
+    return _redis_source(conf)[0]
+
+
+_FALLBACK_SCHEMES = ("redis", "rediss", "sentinel")
+
+
+def _redis_source(conf: Any) -> tuple[str, str | None]:
+    """The URL, and the Celery setting it was taken from when it is not our own."""
     explicit = conf.get("semaphore_redis_url", None)
     if explicit:
-        return _validate.redis_url("semaphore_redis_url", _str("semaphore_redis_url", explicit))
+        url = _str("semaphore_redis_url", explicit)
+        cluster = conf.get("semaphore_redis_cluster", False) is True
+        return connection.validate_url("semaphore_redis_url", url, cluster=cluster), None
     for key in ("result_backend", "broker_url"):
         value = conf.get(key, None)
-        if isinstance(value, str) and urlsplit(value).scheme in ("redis", "rediss"):
-            return value.split(";")[0]
+        if isinstance(value, str) and urlsplit(value).scheme in _FALLBACK_SCHEMES:
+            if urlsplit(value).scheme == "sentinel":
+                return value, key
+            return value.split(";")[0], key
     raise ValueError(
         "celery-semaphore needs Redis: set semaphore_redis_url (e.g. "
-        "'redis://localhost:6379/0'); neither result_backend nor broker_url is a redis:// "
-        f"or rediss:// URL (result_backend={conf.get('result_backend', None)!r}, "
-        f"broker_url={conf.get('broker_url', None)!r})"
+        "'redis://localhost:6379/0'); neither result_backend nor broker_url is a redis://, "
+        f"rediss:// or sentinel:// URL (result_backend={_safe(conf.get('result_backend', None))}, "
+        f"broker_url={_safe(conf.get('broker_url', None))})"
     )
+
+
+def _safe(value: object) -> str:
+    return repr(connection.safe_url(value)) if isinstance(value, str) else repr(value)
+
+
+#: where Celery keeps the transport options (master_name, ...) of its own Redis URLs
+_TRANSPORT_OPTIONS = {
+    "result_backend": "result_backend_transport_options",
+    "broker_url": "broker_transport_options",
+}
+
+
+@dataclass(frozen=True)
+class RedisSettings:
+    """Everything :func:`celery_semaphore.connection.redis_client` needs, checked."""
+
+    url: str
+    cluster: bool
+    options: dict[str, Any]
+
+    def cache_key(self) -> tuple[Any, ...]:
+        return (self.url, self.cluster, repr(sorted(self.options.items())))
+
+
+def redis_settings(conf: Any) -> RedisSettings:
+    """The semaphores' Redis: URL, cluster flag and connection options, checked together.
+
+    A sentinel:// URL taken from the result backend or broker brings that setting's
+    ``master_name`` and ``sentinel_kwargs`` (from its transport options) unless
+    ``semaphore_redis_options`` gives them.
+    """
+    url, source = _redis_source(conf)
+    cluster = _bool("semaphore_redis_cluster", conf.get("semaphore_redis_cluster", False))
+    raw = conf.get("semaphore_redis_options", None)
+    options = dict(connection.validate_options("semaphore_redis_options", raw))
+    if source is not None and urlsplit(url).scheme == "sentinel":
+        transport = conf.get(_TRANSPORT_OPTIONS[source], None) or {}
+        for key in ("master_name", "sentinel_kwargs"):
+            if key not in options and transport.get(key):
+                options[key] = transport[key]
+    checked = connection.validate(url, cluster=cluster, options=options)
+    return RedisSettings(url, cluster, checked)
 
 
 def visibility_timeout(conf: Any) -> float | None:

@@ -6,6 +6,13 @@ Put it directly under the task decorator; no ``base=`` is needed::
     @limited("payment-gateway", limit=5)
     def charge(self, customer_id, amount): ...
 
+Several semaphores at once (all or nothing, without deadlocks): stack ``@limited`` or give a
+list of names.  A name may be a template of the task's parameters (``"api:{customer_id}"``:
+one semaphore, and one limit, per customer) or a callable receiving the bound arguments; so
+may ``weight``.  By default waiters are served fairly per queue the task was delivered from
+(``partition=`` changes that; ``queue_limits=`` caps a queue, ``queue_weights=`` weights its
+share).
+
 The wrapper acquires inside the task body (so ``bind`` or not, eager or not, the user's code
 never runs without a permit) and releases in a ``finally``.  It keeps the function's signature,
 so Celery still checks the arguments of ``delay()``.
@@ -15,7 +22,7 @@ from __future__ import annotations
 
 import functools
 import inspect
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
 from .runtime import run_limited
@@ -27,10 +34,19 @@ SPEC_ATTR = "__semaphore__"
 _F = TypeVar("_F", bound=Callable[..., Any])
 
 
-def limited(name: str, limit: int, **options: Any) -> Callable[[_F], _F]:
+def limited(
+    name: str | Callable[..., str] | Sequence[str | Callable[..., str]],
+    limit: int | Mapping[Any, int],
+    **options: Any,
+) -> Callable[[_F], _F]:
     """Limit the decorated task to ``limit`` concurrent bodies (``weight`` units each) of the
     semaphore ``name``.  ``options`` are task options from the settings table
-    (:mod:`celery_semaphore.config`); unknown ones raise ``TypeError`` here, at import time."""
+    (:mod:`celery_semaphore.config`) plus ``weight``, ``partition``, ``queue_limits`` and
+    ``queue_weights``; unknown or invalid ones raise here, at import time.
+
+    ``name`` may be a list: the task takes every one of those semaphores at once, all or
+    nothing (``limit`` is then one int for all, or a dict name -> limit); so does a task with
+    several ``@limited`` stacked."""
     where = f"@limited({name!r})"
     spec = LimitSpec.build(name, limit, options, where=where)
 
@@ -41,11 +57,13 @@ def limited(name: str, limit: int, **options: Any) -> Callable[[_F], _F]:
                 f"    @app.task(bind=True)\n    @limited({name!r}, limit={limit})\n"
                 f"    def my_task(self, ...): ...\n\ngot {fun!r}"
             )
-        if getattr(fun, SPEC_ATTR, None) is not None:
-            raise TypeError(
-                f"{where}: {getattr(fun, '__qualname__', fun)!r} is already limited by "
-                f"{getattr(fun, SPEC_ATTR).name!r}; one @limited per task"
-            )
+        full = spec
+        inner = getattr(fun, SPEC_ATTR, None)
+        if isinstance(inner, LimitSpec):
+            # stacked @limited: one wrapper takes the semaphores of both, all or nothing
+            full = inner.combine(spec, where)
+            fun = fun.__wrapped__  # type: ignore[attr-defined]
+        full.check_parameters(fun, where)
 
         @functools.wraps(fun)
         def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -57,10 +75,10 @@ def limited(name: str, limit: int, **options: Any) -> Callable[[_F], _F]:
                     f"{where}: {fun.__qualname__} was called outside a Celery task; call the "
                     "task (task(...), .delay(), .apply()) rather than the raw function"
                 )
-            return run_limited(task, spec, lambda: fun(*args, **kwargs))
+            return run_limited(task, full, lambda: fun(*args, **kwargs), args, kwargs)
 
         wrapper.__signature__ = inspect.signature(fun)  # type: ignore[attr-defined]
-        setattr(wrapper, SPEC_ATTR, spec)
+        setattr(wrapper, SPEC_ATTR, full)
         return wrapper  # type: ignore[return-value]
 
     return decorate

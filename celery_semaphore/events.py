@@ -22,7 +22,8 @@ Events (``kind``, then the fields; every event has ``name``, the semaphore name)
 
 =============  ================================================================================
 ``acquired``   a task got its permit: ``task_id``, ``task``, ``weight``, ``wait`` (seconds since
-               this execution first asked, 0.0 for a direct/eager call), ``partition`` (None)
+               this execution first asked, 0.0 for a direct/eager call), ``partition`` (the
+               line it waited in: its queue by default, "" for the default partition)
 ``waited``     a task could not get a permit at once: ``task_id``, ``task``, ``mode`` (``"held"``:
                its worker's gate holds it, off the pool; ``"slot"``: it waits in its worker
                slot; ``"parked"``: it was re-queued with a countdown),
@@ -37,24 +38,30 @@ Events (``kind``, then the fields; every event has ``name``, the semaphore name)
                ``reason`` (``"expired"``: leases that ran out, found by a worker's sweep;
                ``"crashed"``: a dead process's permit released by the worker), ``task_id``
                (None for ``"expired"``)
+``used``       a call is about to take a semaphore whose name was made from its arguments
+               (``"api:{customer_id}"``): ``template``, ``task``, ``limit`` (from the code),
+               ``weight``
 =============  ================================================================================
 """
 
 from __future__ import annotations
 
-import logging
 import threading
 from collections.abc import Callable
 from typing import Any
 
+from . import logs
+
 __all__ = ["KINDS", "Subscriber", "emit", "subscribe", "subscribed", "unsubscribe"]
 
-log = logging.getLogger("celery_semaphore.events")
+log = logs.get("events")
 
 Subscriber = Callable[[str, dict[str, Any]], None]
 
 #: every event kind the library emits
-KINDS = frozenset({"acquired", "waited", "timed_out", "released", "lease_lost", "reclaimed"})
+KINDS = frozenset(
+    {"acquired", "waited", "timed_out", "released", "lease_lost", "reclaimed", "used"}
+)
 
 # A tuple, replaced whole on (un)subscribe: emit() reads it without a lock.
 _subscribers: tuple[Subscriber, ...] = ()
@@ -96,4 +103,11 @@ def emit(kind: str, **fields: Any) -> None:
         try:
             fn(kind, fields)
         except Exception:
-            log.exception("celery-semaphore: event subscriber %r failed on %r", fn, kind)
+            name, task_id = fields.get("name"), fields.get("task_id")
+            log.exception(
+                "celery-semaphore: event subscriber %r failed on %r",
+                fn,
+                kind,
+                semaphore=name if isinstance(name, str) else None,
+                task_id=task_id if isinstance(task_id, str) else None,
+            )

@@ -33,7 +33,6 @@ event loop on a non-green pool), the task body's wrapper acquires by itself (see
 
 from __future__ import annotations
 
-import logging
 import os
 import socket
 import threading
@@ -46,24 +45,31 @@ from typing import Any
 from celery import bootsteps
 from celery.exceptions import WorkerLostError
 
-from . import clock, config, events, restart
+from . import clock, config, events, logs, queues, targets
 from .exceptions import SemaphoreError
 from .keys import node_wake_key
+from .locks import Lock, grant_of, lock_kwargs
 from .runtime import (
     GATE_HEADER,
     HEADER,
+    QUEUE_KEY,
     WaitState,
     gate_nonce,
+    lock_for,
+    lock_names,
+    lost_at_grant,
+    quarantined,
     register_gate,
-    semaphore_for,
     unregister_gate,
 )
-from .semaphore import AttemptStatus, Semaphore
+from .semaphore import AttemptStatus
 from .spec import LimitSpec
 
 __all__ = ["MAX_HOLD", "Gate", "GateStep", "install"]
 
-log = logging.getLogger("celery_semaphore.gate")
+log = logs.get("gate")
+log_wait = logs.get("wait")
+log_release = logs.get("release")
 
 #: seconds a held task's place lives without a refresh (refreshed every third of it); shorter
 #: with a shorter lease_ttl, so a dead node's held tasks block the line no longer than its
@@ -87,7 +93,8 @@ class _Entry:
 
     req: Any  # celery.worker.request.Request
     spec: LimitSpec
-    sem: Semaphore
+    plan: targets.Plan
+    sem: Lock
     opts: config.ResolvedOptions
     ticket: str
     claim: str
@@ -105,8 +112,8 @@ class _Entry:
     position: int | None = None
     #: seconds the place lives without a refresh
     place_ttl: float = HELD_PLACE_TTL
-    #: the grant, once made: (fencing token, lease expiry in server seconds)
-    grant: tuple[int, float] | None = None
+    #: the grant, once made: (fencing tokens, one per semaphore; lease expiry, server seconds)
+    grant: tuple[list[int], float] | None = None
     granted_at: float = 0.0
     #: handed to the pool (or on its way in this very call)
     dispatched: bool = False
@@ -176,7 +183,12 @@ class Gate:
             try:
                 entry.sem.withdraw(entry.ticket)
             except SemaphoreError as exc:
-                log.debug("semaphore %r: withdraw at stop failed: %s", entry.sem.name, exc)
+                log.debug(
+                    "withdraw at stop failed: %s",
+                    exc,
+                    semaphore=entry.sem.name,
+                    task_id=entry.req.id,
+                )
         for entry in undispatched:
             # no tombstone: the message was never acknowledged, and its redelivery must run
             self._release(entry, "the worker stopped before it started", tombstone_ttl=0)
@@ -190,11 +202,16 @@ class Gate:
         req.request_dict.pop(GATE_HEADER, None)
         if spec is None or not self.app.conf.get("semaphore_enabled", True):
             return self._dispatch_to_pool(req)
+        stamp_queue(req, self.app, self.consumer)
         try:
             entry = self._entry(req, spec)
         except (SemaphoreError, ValueError, TypeError) as exc:
             log.warning(
-                "task %s[%s]: not gated (%s); it acquires in its slot", req.name, req.id, exc
+                "task %s: not gated (%s); it acquires in its slot",
+                req.name,
+                exc,
+                semaphore=spec.name,
+                task_id=req.id,
             )
             return self._dispatch_to_pool(req)
         with self._lock:
@@ -218,17 +235,21 @@ class Gate:
     def _entry(self, req: Any, spec: LimitSpec) -> _Entry:
         conf = self.app.conf
         opts = config.resolve(conf, spec.options)
-        limit = config.semaphore_limit(conf, spec.name, spec.limit)
-        sem = semaphore_for(self.app, spec.name, limit, opts.lease_ttl)
         headers = req.request_dict
         retries = int(headers.get("retries") or 0)
         state = WaitState.from_headers(headers.get(HEADER), retries)
+        queue = req.request_dict.get(QUEUE_KEY) if state.partition is None else None
+        plan = targets.resolve(
+            req.task, spec, req.args, req.kwargs, queue, partition=state.partition
+        )
+        sem = lock_for(self.app, plan, opts.lease_ttl)
         redelivered = bool((req.delivery_info or {}).get("redelivered"))
         state = WaitState(
             state.epoch,
             state.waits,
             state.first_wait or time.time(),
             takeover=state.takeover or redelivered,
+            partition=plan.partition,
         )
         owner = {
             "task_id": req.id,
@@ -237,7 +258,8 @@ class Gate:
             "pid": self.pid,
             "machine": socket.gethostname(),
         }
-        entry = _Entry(req, spec, sem, opts, f"{req.id}:{retries}", uuid.uuid4().hex, state, owner)
+        ticket = f"{req.id}:{retries}"
+        entry = _Entry(req, spec, plan, sem, opts, ticket, uuid.uuid4().hex, state, owner)
         entry.place_ttl = max(HELD_PLACE_MIN, min(HELD_PLACE_TTL, opts.lease_ttl))
         return entry
 
@@ -273,14 +295,15 @@ class Gate:
                         self._unreserve(entry.req)
                     if first:
                         self._log_wait(entry)
-                        events.emit(
-                            "waited",
-                            name=entry.sem.name,
-                            task_id=entry.req.id,
-                            task=entry.req.name,
-                            mode="held",
-                            position=entry.position,
-                        )
+                        for name in lock_names(entry.sem):
+                            events.emit(
+                                "waited",
+                                name=name,
+                                task_id=entry.req.id,
+                                task=entry.req.name,
+                                mode="held",
+                                position=entry.position,
+                            )
                     return
                 self._held.pop(entry.ticket, None)
                 if entry.counted:
@@ -297,12 +320,11 @@ class Gate:
         grant) or ``slot`` (let the body's wrapper acquire: a redelivered copy whose previous
         delivery holds the permit, a duplicate, or Redis failing at the first try)."""
         state = entry.state
-        if restart.quarantined(entry.sem):
+        if quarantined(entry.sem):
             return None  # the state was lost: hold on until the running bodies re-assert
         try:
             attempt = entry.sem.try_acquire(
                 entry.ticket,
-                weight=entry.spec.weight,
                 owner=entry.owner,
                 place_ttl=entry.place_ttl,
                 claim=entry.claim,
@@ -312,34 +334,41 @@ class Gate:
                 # always: a copy of this execution may have run already (see runtime._common)
                 check_done=True,
                 lease_ttl=entry.opts.lease_ttl,
+                **lock_kwargs(entry.plan),
             )
         except SemaphoreError as exc:
             # Fail closed: keep holding (a held task never runs without a permit), try again
             # at the next tick.  A task Redis fails for on arrival goes to its slot instead,
             # where the wrapper parks it, so a Redis outage does not fill the consumer.
             log.warning(
-                "task %s[%s]: semaphore %r unavailable (%s); %s",
+                "task %s: semaphore unavailable (%s); %s",
                 entry.req.name,
-                entry.req.id,
-                entry.sem.name,
                 exc,
                 "it waits" if entry.counted else "it goes to its slot to park",
+                semaphore=entry.sem.name,
+                task_id=entry.req.id,
             )
             return None if entry.counted else "slot"
         except ValueError as exc:  # e.g. a weight above a lowered runtime limit
-            log.error("task %s[%s]: %s", entry.req.name, entry.req.id, exc)
+            log.error(
+                "task %s: %s; it goes to its slot",
+                entry.req.name,
+                exc,
+                semaphore=entry.sem.name,
+                task_id=entry.req.id,
+            )
             return "slot"
         entry.refreshed = clock.monotonic()
         if (
             attempt.status is AttemptStatus.GRANTED
             and attempt.permit is not None
-            and restart.lost_at_grant(entry.sem, attempt.permit.fencing_token)
+            and lost_at_grant(entry.sem, attempt.permit)
         ):
             # granted on a state that was lost: give it back, hold on (fail closed)
             self._give_back(entry)
             return None
         if attempt.permit is not None:
-            entry.grant = (attempt.permit.fencing_token, attempt.permit.lease_expires_at)
+            entry.grant = (grant_of(attempt.permit), attempt.permit.lease_expires_at)
             entry.granted_at = clock.monotonic()
             return "granted"
         if attempt.status is AttemptStatus.WAITING:
@@ -351,19 +380,23 @@ class Gate:
         try:
             entry.sem.release_token(entry.ticket, claim=entry.claim, tombstone_ttl=0)
         except SemaphoreError as exc:
-            log.warning("semaphore %r: could not give back a grant: %s", entry.sem.name, exc)
+            log.warning(
+                "could not give back a grant: %s",
+                exc,
+                semaphore=entry.sem.name,
+                task_id=entry.req.id,
+            )
 
     def _log_wait(self, entry: _Entry) -> None:
-        log.info(
-            "task %s[%s] waits for semaphore %r (limit %d, position %s): held by the worker, "
-            "off the pool, until a release wakes it%s",
+        log_wait.info(
+            "task %s waits (limit %d, position %s): held by the worker, off the pool, until a "
+            "release wakes it%s",
             entry.req.name,
-            entry.req.id,
-            entry.sem.name,
             entry.sem.limit,
             entry.position,
             "" if entry.counted else " (semaphore_worker_hold is full: in the prefetch window)",
-            extra={"semaphore": entry.sem.name, "task_id": entry.req.id},
+            semaphore=entry.sem.name,
+            task_id=entry.req.id,
         )
 
     def _unreserve(self, req: Any) -> None:
@@ -381,12 +414,12 @@ class Gate:
             waited = time.time() - entry.state.first_wait if entry.state.first_wait else 0.0
             directive.update(f=entry.grant[0], x=entry.grant[1], w=round(waited, 6))
             if not first:
-                log.debug(
-                    "task %s[%s]: semaphore %r granted after %.3fs held; to the pool",
+                log_wait.debug(
+                    "task %s: granted after %.3fs held; to the pool",
                     entry.req.name,
-                    entry.req.id,
-                    entry.sem.name,
                     clock.monotonic() - entry.since,
+                    semaphore=entry.sem.name,
+                    task_id=entry.req.id,
                 )
         if first or (self._direct and not _maybe_revoked(entry.req)):
             # on the hub thread already, or a pool any thread may submit to (threads): one
@@ -396,7 +429,14 @@ class Gate:
             self.consumer.call_soon(self._dispatch, entry, directive)
 
     def _directive(self, entry: _Entry, do: str, **extra: Any) -> dict[str, Any]:
-        return {"n": self.nonce, "t": entry.ticket, "c": entry.claim, "do": do, **extra}
+        return {
+            "n": self.nonce,
+            "t": entry.ticket,
+            "c": entry.claim,
+            "do": do,
+            "p": entry.plan.partition,
+            **extra,
+        }
 
     def _dispatch(self, entry: _Entry, directive: dict[str, Any] | None) -> None:
         req = entry.req
@@ -448,31 +488,28 @@ class Gate:
                 entry.ticket, claim=entry.claim, tombstone_ttl=tombstone_ttl
             )
         except SemaphoreError as exc:
-            log.error(
-                "semaphore %r: could not release task %s[%s] after %s: %s; it comes back "
-                "when its lease expires",
-                entry.sem.name,
+            log_release.error(
+                "could not release the permit of task %s after %s: %s; it comes back when its "
+                "lease expires",
                 entry.req.name,
-                entry.req.id,
                 why,
                 exc,
+                semaphore=entry.sem.name,
+                task_id=entry.req.id,
             )
             return
         if released:
             if tombstone_ttl == 0 and not entry.cancelled:  # the process running it was lost
-                events.emit(
-                    "reclaimed",
-                    name=entry.sem.name,
-                    count=1,
-                    reason="crashed",
-                    task_id=entry.req.id,
-                )
-            log.warning(
-                "semaphore %r: released the permit of task %s[%s]: %s",
-                entry.sem.name,
+                for name in lock_names(entry.sem):
+                    events.emit(
+                        "reclaimed", name=name, count=1, reason="crashed", task_id=entry.req.id
+                    )
+            log_release.warning(
+                "released the permit of task %s: %s",
                 entry.req.name,
-                entry.req.id,
                 why,
+                semaphore=entry.sem.name,
+                task_id=entry.req.id,
             )
 
     def _forget_pending(self, entry: _Entry) -> None:
@@ -497,14 +534,20 @@ class Gate:
                     self._tick()
                     next_tick = clock.monotonic() + TICK
             except Exception as exc:  # never let the gate die: held tasks depend on it
-                log.warning("gate: %s: %s; carrying on", type(exc).__name__, exc)
+                log.warning(
+                    "gate: %s: %s; carrying on",
+                    type(exc).__name__,
+                    exc,
+                    semaphore=None,
+                    task_id=None,
+                )
                 client = None
                 self._stop.wait(0.5)
 
     def _client(self) -> Any:
         from .runtime import client_for
 
-        return client_for(config.redis_url_for(self.app.conf))
+        return client_for(config.redis_url_for(self.app.conf), self.app.conf)
 
     def _take_wakes(self, client: Any, wait: float) -> list[str]:
         found = client.blpop([self.key], timeout=wait)
@@ -560,14 +603,16 @@ class Gate:
             try:
                 entry.sem.withdraw(entry.ticket)
             except SemaphoreError as exc:
-                log.warning("semaphore %r: withdraw failed: %s", entry.sem.name, exc)
-        log.info(
-            "task %s[%s]: semaphore %r: %s after %.1fs held",
+                log_wait.warning(
+                    "withdraw failed: %s", exc, semaphore=entry.sem.name, task_id=entry.req.id
+                )
+        log_wait.info(
+            "task %s: %s after %.1fs held",
             entry.req.name,
-            entry.req.id,
-            entry.sem.name,
             why,
             clock.monotonic() - entry.since,
+            semaphore=entry.sem.name,
+            task_id=entry.req.id,
         )
         if directive is None:
             self.consumer.call_soon(entry.req.revoked)
@@ -589,7 +634,10 @@ class Gate:
                 entry.sem.refresh_token(entry.ticket, holder_only=True)
             except SemaphoreError as exc:
                 log.warning(
-                    "semaphore %r: refresh of a pending grant failed: %s", entry.sem.name, exc
+                    "refresh of a pending grant failed: %s",
+                    exc,
+                    semaphore=entry.sem.name,
+                    task_id=entry.req.id,
                 )
 
     def _max_hold(self) -> float:
@@ -631,8 +679,38 @@ def _expired(req: Any) -> bool:
     return bool(expires is not None and expires <= datetime.now(timezone.utc))
 
 
+def stamp_queue(req: Any, app: Any, consumer: Any) -> None:
+    """Tell the body which queue ``req`` was delivered from (see :data:`QUEUE_KEY`): only the
+    consumer can map the message's AMQP consumer tag to its queue."""
+    message = getattr(req, "message", None)
+    info = getattr(message, "delivery_info", None) or req.delivery_info
+    req.request_dict[QUEUE_KEY] = queues.delivery_queue(app, info, consumer) or ""
+
+
+class _QueueStamp:
+    """``on_task_request`` without a gate: stamp limited requests with their queue."""
+
+    def __init__(self, consumer: Any, dispatch: Callable[[Any], Any]) -> None:
+        self.consumer = consumer
+        self.dispatch = dispatch
+        self.limited: dict[str, bool] = {}
+
+    def __call__(self, req: Any) -> Any:
+        from .decorators import spec_of
+
+        name = req.task.name
+        if name not in self.limited:
+            self.limited[name] = spec_of(req.task) is not None
+        if self.limited[name]:
+            stamp_queue(req, self.consumer.app, self.consumer)
+        else:
+            req.request_dict.pop(QUEUE_KEY, None)
+        return self.dispatch(req)
+
+
 class GateStep(bootsteps.StartStopStep):  # type: ignore[misc]
-    """Consumer bootstep wrapping ``on_task_request`` with a :class:`Gate`."""
+    """Consumer bootstep wrapping ``on_task_request`` with a :class:`Gate` (or, when the gate
+    is off, with the queue stamp alone)."""
 
     label = "celery-semaphore gate"
     requires = ("celery.worker.consumer.tasks:Tasks",)
@@ -644,7 +722,10 @@ class GateStep(bootsteps.StartStopStep):  # type: ignore[misc]
         hold = int(c.app.conf.get("semaphore_worker_hold", hold))
         green = bool(getattr(c.pool, "is_green", False))
         if (getattr(c, "hub", None) is None and not green) or hold <= 0:
-            return  # no event loop to hand requests back on, and a pool that needs one
+            # no event loop to hand requests back on (and a pool that needs one), or no gate
+            # wanted: the body acquires, knowing its queue
+            c.on_task_request = _QueueStamp(c, c.on_task_request)
+            return
         self.gate = Gate(c, c.on_task_request, hold)
         c.on_task_request = self.gate.on_task_request
 

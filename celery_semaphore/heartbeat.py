@@ -16,18 +16,20 @@ parked Celery task (an expired lease, a release from a script or the CLI).
 
 from __future__ import annotations
 
-import logging
 import os
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from . import clock, events, restart
+from . import clock, events, logs, restart
+from .group import GroupPermit
 from .semaphore import Permit, Semaphore
 
 __all__ = ["Heartbeat", "heartbeat"]
 
-log = logging.getLogger("celery_semaphore.heartbeat")
+log = logs.get("heartbeat")
+#: a sweep that takes back expired leases reclaims other processes' permits
+log_release = logs.get("release")
 
 LostCallback = Callable[[Permit], None]
 #: seconds between sweeps of the watched semaphores
@@ -58,6 +60,11 @@ class Heartbeat:
         with self._lock:
             self._watched[id(semaphore)] = semaphore
             self._ensure_thread()
+
+    def unwatch(self, semaphore: Semaphore) -> None:
+        """Stop sweeping ``semaphore`` (a dynamic name no longer used here)."""
+        with self._lock:
+            self._watched.pop(id(semaphore), None)
 
     def register(
         self,
@@ -98,7 +105,9 @@ class Heartbeat:
             try:
                 self._tick()
             except Exception:  # never let the thread die: the leases depend on it
-                log.exception("heartbeat: unexpected error; carrying on")
+                log.exception(
+                    "heartbeat: unexpected error; carrying on", semaphore=None, task_id=None
+                )
                 clock.sleep(0.5)
 
     def _tick(self) -> None:
@@ -127,15 +136,22 @@ class Heartbeat:
                 if restart.detect(sem):
                     self._reassert_all(sem)
             except Exception as exc:
-                log.debug("semaphore %r: state check failed: %s", sem.name, exc)
+                log.debug("state check failed: %s", exc, semaphore=sem.name, task_id=None)
             try:
                 reclaimed = sem.reclaim()  # ops: events (reclaimed =)
                 if reclaimed:  # ops: events
+                    log_release.warning(
+                        "reclaimed %d permit(s) whose lease expired: a holder stopped refreshing "
+                        "(its process crashed or stalled past lease_ttl)",
+                        reclaimed,
+                        semaphore=sem.name,
+                        task_id=None,
+                    )
                     events.emit(
                         "reclaimed", name=sem.name, count=reclaimed, reason="expired", task_id=None
                     )
             except Exception as exc:
-                log.debug("semaphore %r: sweep failed: %s", sem.name, exc)
+                log.debug("sweep failed: %s", exc, semaphore=sem.name, task_id=None)
 
     def _reassert_all(self, sem: Semaphore) -> None:
         """The state of ``sem`` was lost: take back the permits of the bodies running here."""
@@ -148,8 +164,8 @@ class Heartbeat:
         """Acquire a running body's own token again after its semaphore's state was lost (see
         :mod:`celery_semaphore.restart`); True when it holds its permit again."""
         permit = entry.permit
-        if permit.released:
-            return False
+        if permit.released or isinstance(permit, GroupPermit):
+            return False  # a group's grant is not re-asserted: it is reported lost
         owner = {"task_id": entry.task_id, "reasserted": True}
         try:
             attempt = permit.semaphore.try_acquire(
@@ -157,11 +173,10 @@ class Heartbeat:
             )
         except Exception as exc:
             log.warning(
-                "semaphore %r: could not re-assert the permit of task %s after its state was "
-                "lost: %s; will retry",
-                permit.semaphore.name,
-                entry.task_id,
+                "could not re-assert the permit after its state was lost: %s; will retry",
                 exc,
+                semaphore=permit.semaphore.name,
+                task_id=entry.task_id,
             )
             return True  # keep the entry: the next refresh tries again
         if attempt.permit is None:
@@ -170,9 +185,9 @@ class Heartbeat:
         permit.lease_expires_at = attempt.permit.lease_expires_at
         permit.lost = False
         log.info(
-            "semaphore %r: re-asserted the permit of running task %s after the state was lost",
-            permit.semaphore.name,
-            entry.task_id,
+            "re-asserted the permit of this running task after the state was lost",
+            semaphore=permit.semaphore.name,
+            task_id=entry.task_id,
         )
         return True
 
@@ -185,11 +200,11 @@ class Heartbeat:
             alive = permit.refresh()
         except Exception as exc:  # a Redis blip: keep going, the lease has slack
             log.warning(
-                "semaphore %r: lease refresh failed for task %s (token %s): %s; will retry",
-                permit.semaphore.name,
-                entry.task_id,
+                "lease refresh failed (token %s): %s; will retry",
                 permit.token,
                 exc,
+                semaphore=permit.semaphore.name,
+                task_id=entry.task_id,
             )
             return
         if alive or permit.released:
@@ -202,11 +217,11 @@ class Heartbeat:
             return
         self.unregister(permit)
         log.error(
-            "semaphore %r: permit LOST for task %s (token %s): its lease expired and was "
-            "reclaimed, so another task may now hold this unit",
-            permit.semaphore.name,
-            entry.task_id,
+            "permit LOST (token %s): its lease expired and was reclaimed, so another task may "
+            "now hold this unit",
             permit.token,
+            semaphore=permit.semaphore.name,
+            task_id=entry.task_id,
         )
         # ops: events
         events.emit(
@@ -216,7 +231,11 @@ class Heartbeat:
             try:
                 entry.on_lost(permit)
             except Exception:
-                log.exception("semaphore %r: lease-lost callback failed", permit.semaphore.name)
+                log.exception(
+                    "lease-lost callback failed",
+                    semaphore=permit.semaphore.name,
+                    task_id=entry.task_id,
+                )
 
 
 #: the process-wide heartbeat

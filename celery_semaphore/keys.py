@@ -13,6 +13,13 @@ all of them in one Redis Cluster slot, so each script can touch them atomically.
 
 The prefix may not contain braces (checked by :func:`validate_prefix`), so the hash tag is always
 the tag above.
+
+With a ``hash_tag`` (several semaphores that must share one Redis Cluster slot, for
+:class:`~celery_semaphore.SemaphoreGroup`), the keys look like
+``<prefix>:{<encoded hash_tag>}:n:<encoded name>:<part>``: the tag is the encoded hash tag, and
+the encoded name follows a fixed ``n:`` marker.  Encoded names and tags contain no ``:``, so a
+key still names exactly one (hash_tag, name) pair, and it can never equal a key of a semaphore
+without a hash tag (those continue ``}:state``, ``}:expiry``, ``}:line`` or ``}:wake:``).
 """
 
 from __future__ import annotations
@@ -70,8 +77,11 @@ class SemaphoreKeys:
     TYPES: ClassVar[tuple[str, ...]] = ("zset", "hash", "zset")
 
     @classmethod
-    def for_name(cls, name: str, key_prefix: str) -> SemaphoreKeys:
-        base = f"{key_prefix}:{{{encode_name(name)}}}"
+    def for_name(cls, name: str, key_prefix: str, hash_tag: str | None = None) -> SemaphoreKeys:
+        if hash_tag is None:
+            base = f"{key_prefix}:{{{encode_name(name)}}}"
+        else:
+            base = f"{key_prefix}:{{{encode_name(hash_tag)}}}:n:{encode_name(name)}"
         return cls(
             expiry=f"{base}:expiry",
             state=f"{base}:state",

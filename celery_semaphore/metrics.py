@@ -28,7 +28,6 @@ See docs/metrics.md for every metric and an example dashboard.
 
 from __future__ import annotations
 
-import logging
 import os
 import threading
 import time
@@ -45,7 +44,7 @@ except ImportError as exc:  # pragma: no cover - depends on the installed extras
         "pip install 'celery-semaphore[prometheus]'"
     ) from exc
 
-from . import events
+from . import events, logs
 
 __all__ = [
     "HOLD_BUCKETS",
@@ -58,7 +57,7 @@ __all__ = [
     "start_exporter",
 ]
 
-log = logging.getLogger("celery_semaphore.metrics")
+log = logs.get("metrics")
 
 #: seconds; a wait spans a few milliseconds (a handoff) to many minutes (a long line)
 WAIT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 900)
@@ -179,11 +178,12 @@ class SemaphoreCollector(Collector):
     """
 
     def __init__(self, app: Any, *, scan: bool = False) -> None:
-        from .config import redis_url_for
+        from .config import redis_settings
 
         self.app = app
         self.scan = scan
-        self.url = redis_url_for(app.conf)
+        self.redis = redis_settings(app.conf)
+        self.url = self.redis.url
         self.prefix = str(app.conf.get("semaphore_key_prefix", "celery_semaphore"))
         self._client: Any = None
         self._known: dict[str, Any] = {}
@@ -196,12 +196,15 @@ class SemaphoreCollector(Collector):
 
     def _redis(self) -> Any:
         if self._client is None:
-            import redis
-            from redis.backoff import NoBackoff
-            from redis.retry import Retry
+            from .connection import redis_client
 
-            self._client = redis.Redis.from_url(
-                self.url, socket_connect_timeout=3, socket_timeout=5, retry=Retry(NoBackoff(), 1)
+            self._client = redis_client(
+                self.url,
+                cluster=self.redis.cluster,
+                options=self.redis.options,
+                socket_connect_timeout=3,
+                socket_timeout=5,
+                retries=1,
             )
         return self._client
 
@@ -220,7 +223,9 @@ class SemaphoreCollector(Collector):
         key = (entry.name, entry.configured_limit)
         sem = self._semaphores.get(key)
         if sem is None:
-            sem = self._semaphores[key] = semaphore_for_known(self._redis(), self.prefix, entry)
+            hash_tag = self.app.conf.get("semaphore_hash_tag", None)
+            sem = semaphore_for_known(self._redis(), self.prefix, entry, hash_tag)
+            self._semaphores[key] = sem
         return sem
 
     def collect(self) -> Iterator[Any]:
@@ -281,7 +286,12 @@ class SemaphoreCollector(Collector):
                     if isinstance(granted, int):
                         grants.add_metric([name], granted)
         except Exception as exc:  # a scrape must answer: report Redis down, not a 500
-            log.warning("celery-semaphore metrics: reading Redis failed: %s", exc)
+            log.warning(
+                "celery-semaphore metrics: reading Redis failed: %s",
+                exc,
+                semaphore=None,
+                task_id=None,
+            )
             ok = 0.0
         up.add_metric([], ok)
         yield from (limit, overridden, in_use, holders, waiting, oldest)
@@ -313,5 +323,11 @@ def start_exporter(
     server, thread = prometheus_client.start_http_server(
         port, addr=address, registry=exporter_registry(app, scan=scan)
     )
-    log.info("celery-semaphore metrics on http://%s:%d/metrics", address, port)
+    log.info(
+        "celery-semaphore metrics on http://%s:%d/metrics",
+        address,
+        port,
+        semaphore=None,
+        task_id=None,
+    )
     return server, thread

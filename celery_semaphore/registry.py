@@ -3,7 +3,9 @@
 Three sources, merged by :func:`known`:
 
 1. the app itself: every task made with ``@limited`` or ``LimitedTask`` (the code limit and
-   weight), and ``semaphore_limits`` from its configuration;
+   weight), and ``semaphore_limits`` from its configuration; a name made from the task's
+   arguments (``"api:{customer_id}"``) is not a semaphore until a call names one, so those
+   are recorded as they are used (:func:`note_used`: once per name and process);
 2. the registry hash in Redis, written by every worker at start (:func:`record_app`), so the
    CLI and metrics see the semaphores of workers whose code the reader has not imported;
 3. discovery: a ``SCAN`` for semaphore state keys under the prefix (only for operator tools,
@@ -13,6 +15,7 @@ Registry key layout (one hash per key prefix, outside every semaphore's hash tag
 
     <prefix>:registry   HASH  <semaphore name> -> JSON {
                                   "tasks": {<task name>: {"limit": int, "weight": int}},
+                                  "template": str,         # only for a dynamic name
                                   "setting": int | null,   # semaphore_limits[name] there
                                   "node": str,             # the worker that wrote it last
                                   "at": float}             # when (epoch seconds)
@@ -25,7 +28,10 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
+import threading
 import time
+from collections import OrderedDict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -39,6 +45,7 @@ __all__ = [
     "discover",
     "forget",
     "known",
+    "note_used",
     "read",
     "record",
     "record_app",
@@ -61,6 +68,8 @@ class TaskUse:
     task: str
     limit: int
     weight: int = 1
+    #: the name template a dynamic name was made from (None for a fixed name)
+    template: str | None = None
 
 
 @dataclass
@@ -112,8 +121,9 @@ def app_uses(app: Any) -> list[TaskUse]:
     uses = []
     for task_name, task in sorted(dict(app.tasks).items()):
         spec = spec_of(task)
-        if spec is not None:
-            uses.append(TaskUse(spec.name, task_name, spec.limit, spec.weight))
+        for member in spec.members if spec is not None else ():
+            if not member.dynamic_name:  # a template names no semaphore by itself
+                uses.append(TaskUse(member.name, task_name, member.limit, member.weight))
     return uses
 
 
@@ -159,11 +169,32 @@ def record(
                 "node": node,
                 "at": now,
             }
+            template = next((u.template for u in entries if u.template), entry.get("template"))
+            if template:
+                value["template"] = template
             pipe.hset(key, name, json.dumps(value, sort_keys=True))
 
     if by_name:
         client.transaction(merge, key)
     return sorted(by_name)
+
+
+_noted_lock = threading.Lock()
+_noted: OrderedDict[tuple[int, str, str], None] = OrderedDict()
+
+
+def note_used(client: Any, prefix: str, use: TaskUse, node: str = "") -> bool:
+    """Record a dynamic name the first time this process uses it (later calls return False
+    at once); an operator's ``celery semaphore list`` then shows it."""
+    key = (os.getpid(), prefix, use.semaphore)
+    with _noted_lock:
+        if key in _noted:
+            return False
+        _noted[key] = None
+        while len(_noted) > 10_000:
+            _noted.popitem(last=False)
+    record(client, prefix, [use], node=node)
+    return True
 
 
 def record_app(app: Any, client: Any, prefix: str, node: str = "") -> list[str]:

@@ -23,18 +23,17 @@ makes before that is not prevented.
 
 from __future__ import annotations
 
-import logging
 import threading
 from typing import Any
 
-from . import clock
+from . import clock, logs
 from .semaphore import Semaphore
 
 __all__ = ["POLICIES", "configure", "detect", "lost_at_grant", "quarantined", "recently_lost"]
 
 POLICIES = ("fail_closed", "fail_open")
 
-log = logging.getLogger("celery_semaphore.restart")
+log = logs.get("restart")
 
 _lock = threading.Lock()
 #: id(semaphore) -> (policy, quarantine seconds or None for the lease_ttl)
@@ -75,13 +74,14 @@ def detect(sem: Semaphore) -> bool:
                 _until[id(sem)] = clock.monotonic() + seconds
     if lost:
         log.warning(
-            "semaphore %r: its state in Redis was lost (Redis restarted without persistence, "
-            "failed over, or the keys were deleted); running tasks re-assert their permits%s",
-            sem.name,
+            "its state in Redis was lost (Redis restarted without persistence, failed over, or "
+            "the keys were deleted); running tasks re-assert their permits%s",
             f", and no new permit is granted for {seconds:.1f}s (semaphore_restart_policy="
             "'fail_closed')"
             if policy == "fail_closed" and seconds > 0
             else " (semaphore_restart_policy='fail_open': new permits are granted at once)",
+            semaphore=sem.name,
+            task_id=None,
         )
     return lost
 

@@ -30,7 +30,6 @@ wait state travels in the ``semaphore_wait`` message header, merged into the oth
 
 from __future__ import annotations
 
-import logging
 import os
 import random
 import socket
@@ -44,21 +43,24 @@ from typing import Any, NoReturn, TypeVar
 
 from kombu.utils import json as kombu_json
 
-from . import clock, config, events, restart
+from . import clock, config, connection, events, logs, queues, restart, targets, worker_hooks
 from .exceptions import LeaseLost, SemaphoreBackendError, SemaphoreError, SemaphoreTimeout
 from .heartbeat import heartbeat
+from .locks import GroupLock, Lock, adopt, lock_kwargs, member_permits
 from .semaphore import Attempt, AttemptStatus, Permit, Semaphore
 from .spec import LimitSpec
 
 __all__ = [
     "GATE_HEADER",
     "HEADER",
+    "QUEUE_KEY",
     "WaitState",
     "checkpoint",
     "client_for",
     "current_permits",
     "gate_nonce",
     "handled_here",
+    "lock_for",
     "note_handled",
     "quarantine_guard",
     "register_gate",
@@ -68,6 +70,9 @@ __all__ = [
 ]
 
 HEADER = "semaphore_wait"
+#: the request key in which the worker's consumer tells the body which queue the message came
+#: from (it knows the AMQP consumer tag; a pool process does not); never a message header
+QUEUE_KEY = "semaphore_queue"
 #: the request key in which the worker-side gate hands its grant to the body (never a message
 #: header: the gate strips it from incoming messages)
 GATE_HEADER = "semaphore_gate"
@@ -78,8 +83,9 @@ PARKED_WAKE_GRACE = 5.0
 #: a place in line kept by a task waiting in its slot (it refreshes it every poll_interval)
 IN_SLOT_PLACE_TTL = 5.0
 
-log_acquire = logging.getLogger("celery_semaphore.acquire")
-log_release = logging.getLogger("celery_semaphore.release")
+log_acquire = logs.get("acquire")
+log_wait = logs.get("wait")
+log_release = logs.get("release")
 
 _T = TypeVar("_T")
 _local = threading.local()
@@ -111,6 +117,8 @@ class WaitState:
     #: this copy continues a redelivered execution whose permit may still be held by the
     #: previous delivery (alive past a visibility timeout, or dead until its lease expires)
     takeover: bool = False
+    #: the partition this execution waits in (fixed at its first attempt)
+    partition: str | None = None
 
     @classmethod
     def from_request(cls, request: Any) -> WaitState:
@@ -128,39 +136,53 @@ class WaitState:
         if not isinstance(raw, Mapping) or raw.get("r") != retries:
             return cls()
         first = raw.get("t0")
+        partition = raw.get("p")
         return cls(
             epoch=int(raw.get("e", 0)),
             waits=int(raw.get("n", 0)),
             first_wait=float(first) if first is not None else None,
             takeover=bool(raw.get("o")),
+            partition=partition if isinstance(partition, str) else None,
         )
 
     def header(self, retries: int) -> dict[str, Any]:
-        return {
+        out: dict[str, Any] = {
             "r": retries,
             "e": self.epoch,
             "n": self.waits,
             "t0": self.first_wait,
             "o": 1 if self.takeover else 0,
         }
+        if self.partition is not None:
+            out["p"] = self.partition
+        return out
 
 
 # -- per-process semaphore objects -----------------------------------------------------------
 
 _cache_lock = threading.Lock()
-_clients: dict[tuple[int, str], Any] = {}
-_semaphores: dict[tuple[Any, ...], Semaphore] = {}
+_clients: dict[tuple[int, str, int], Any] = {}
+#: key -> (semaphore, last use); oldest use first.  Dynamic names ("api:{customer_id}") make
+#: many semaphores: one unused for SEMAPHORE_IDLE seconds (or past SEMAPHORE_CACHE) is dropped
+#: and no longer swept by this process.
+_semaphores: OrderedDict[tuple[Any, ...], tuple[Semaphore, float]] = OrderedDict()
+SEMAPHORE_IDLE = 600.0
+SEMAPHORE_CACHE = 1000
 
 
-def client_for(url: str) -> Any:
-    """This process's redis-py client for ``url`` (one connection pool per process)."""
-    import redis
-
-    key = (os.getpid(), url)
+def client_for(url: str, conf: Any = None) -> Any:
+    """This process's redis-py client for ``url`` (one connection pool per process), made by
+    :mod:`.connection` with ``conf``'s ``semaphore_redis_cluster`` and ``_options``."""
+    key = (os.getpid(), url, id(conf))
     with _cache_lock:
         client = _clients.get(key)
         if client is None:
-            client = _clients[key] = redis.Redis.from_url(url)
+            if conf is None:
+                client = connection.redis_client(url)
+            else:
+                s = config.redis_settings(conf)
+                client = connection.redis_client(s.url, cluster=s.cluster, options=s.options)
+            _clients[key] = client
         return client
 
 
@@ -169,26 +191,71 @@ def semaphore_for(app: Any, name: str, limit: int, lease_ttl: float) -> Semaphor
     conf = app.conf
     url = config.redis_url_for(conf)
     prefix = conf.get("semaphore_key_prefix", "celery_semaphore")
-    key = (os.getpid(), url, prefix, name, limit, lease_ttl, id(app))
-    sem = _semaphores.get(key)
-    if sem is None:
-        sem = Semaphore(
-            name,
-            limit,
-            redis=client_for(url),
-            lease_ttl=lease_ttl,
-            key_prefix=prefix,
-            on_wake=_Redispatcher(app),
-        )
-        with _cache_lock:
-            sem = _semaphores.setdefault(key, sem)
-        restart.configure(
-            sem,
-            str(conf.get("semaphore_restart_policy", "fail_closed")),
-            conf.get("semaphore_restart_quarantine", None),
-        )
-        heartbeat.watch(sem)
+    hash_tag = conf.get("semaphore_hash_tag", None)
+    key = (os.getpid(), url, prefix, hash_tag, name, limit, lease_ttl, id(app))
+    now = clock.monotonic()
+    with _cache_lock:
+        found = _semaphores.get(key)
+        if found is not None:
+            _semaphores[key] = (found[0], now)
+            _semaphores.move_to_end(key)
+            return found[0]
+    sem = Semaphore(
+        name,
+        limit,
+        redis=client_for(url, conf),
+        lease_ttl=lease_ttl,
+        key_prefix=prefix,
+        on_wake=_Redispatcher(app, name),
+        hash_tag=hash_tag,
+    )
+    with _cache_lock:
+        sem = _semaphores.setdefault(key, (sem, now))[0]
+        dropped = []
+        while _semaphores:
+            oldest_key, (oldest, used) = next(iter(_semaphores.items()))
+            if len(_semaphores) <= SEMAPHORE_CACHE and now - used < SEMAPHORE_IDLE:
+                break
+            del _semaphores[oldest_key]
+            dropped.append(oldest)
+    restart.configure(
+        sem,
+        str(conf.get("semaphore_restart_policy", "fail_closed")),
+        conf.get("semaphore_restart_quarantine", None),
+    )
+    for old in dropped:
+        heartbeat.unwatch(old)
+    heartbeat.watch(sem)
     return sem
+
+
+_groups: OrderedDict[tuple[Any, ...], GroupLock] = OrderedDict()
+
+
+def lock_for(app: Any, plan: targets.Plan, lease_ttl: float) -> Lock:
+    """The lock a call takes: its one semaphore, or a group of all of them (cached)."""
+    members = tuple(
+        (semaphore_for(app, t.name, t.limit, lease_ttl), t.weight) for t in plan.targets
+    )
+    if len(members) == 1:
+        return members[0][0]
+    key = (os.getpid(), members)
+    with _cache_lock:
+        group = _groups.get(key)
+        if group is not None:
+            _groups.move_to_end(key)
+            return group
+    group = GroupLock(members)
+    with _cache_lock:
+        group = _groups.setdefault(key, group)
+        while len(_groups) > SEMAPHORE_CACHE:
+            _groups.popitem(last=False)
+    return group
+
+
+def lock_names(lock: Lock) -> tuple[str, ...]:
+    """The semaphore names a lock covers (events are per semaphore)."""
+    return lock.names if isinstance(lock, GroupLock) else (lock.name,)
 
 
 class _Redispatcher:
@@ -197,8 +264,9 @@ class _Redispatcher:
     (wake that gate: directly when it runs in this process, else by pushing the ticket onto
     its wake list); else a parked task's wake copy, published now."""
 
-    def __init__(self, app: Any) -> None:
+    def __init__(self, app: Any, name: str) -> None:
         self.app = app
+        self.name = name  # the semaphore's, for the log
 
     def __call__(self, ticket: str, data: str) -> None:
         if data.startswith("@"):
@@ -207,7 +275,7 @@ class _Redispatcher:
             if gate is not None and gate.pid == os.getpid():
                 gate.wake(ticket)
                 return
-            client = client_for(config.redis_url_for(self.app.conf))
+            client = client_for(config.redis_url_for(self.app.conf), self.app.conf)
             pipe = client.pipeline(transaction=False)
             pipe.rpush(key, ticket)
             pipe.expire(key, GATE_WAKE_TTL)
@@ -217,7 +285,12 @@ class _Redispatcher:
 
         sig = Signature.from_dict(kombu_json.loads(data), app=self.app)  # type: ignore[no-untyped-call]
         sig.apply_async()
-        log_acquire.info("semaphore wake-up: re-dispatched parked task %s now", ticket)
+        log_wait.info(
+            "woken: re-dispatched the parked task now (ticket %s)",
+            ticket,
+            semaphore=self.name,
+            task_id=ticket.rpartition(":")[0],
+        )
 
 
 # -- the worker-side gate's registry (see celery_semaphore.gate) ------------------------------
@@ -270,23 +343,47 @@ def checkpoint() -> None:
 # -- the main path ----------------------------------------------------------------------------
 
 
-def run_limited(task: Any, spec: LimitSpec, call: Callable[[], _T]) -> _T:
-    """Run ``call`` (the task body) while holding ``spec``'s permit."""
+def run_limited(
+    task: Any,
+    spec: LimitSpec,
+    call: Callable[[], _T],
+    args: tuple[Any, ...] = (),
+    kwargs: Mapping[str, Any] | None = None,
+) -> _T:
+    """Run ``call`` (the task body, called with ``args`` and ``kwargs``) while holding the
+    permit of each semaphore ``spec`` names for this call."""
     app = task.app
     conf = app.conf
     if not conf.get("semaphore_enabled", True):
         return call()  # explicitly disabled (e.g. in the user's unit tests)
     request = task.request
     opts = config.resolve(conf, spec.options)
-    name = spec.name
-    limit = config.semaphore_limit(conf, name, spec.limit)
-    sem = semaphore_for(app, name, limit, opts.lease_ttl)
-    weight = spec.weight
-    if weight > limit:
-        raise ValueError(
-            f"task {task.name}: weight={weight} exceeds the limit of semaphore {name!r} "
-            f"({limit}, from semaphore_limits); use a weight from 1 to {limit}"
-        )
+    directive = _gate_directive(request)
+    plan = _plan(task, spec, args, kwargs or {}, directive)
+    sem = lock_for(app, plan, opts.lease_ttl)
+    fair = lock_kwargs(plan)
+    weights = {t.name: t.weight for t in plan.targets}
+    in_worker = not (request.called_directly or request.is_eager)
+    for target in plan.targets:
+        if target.template is not None:  # ops: events, and the registry learns the name
+            events.emit(
+                "used",
+                name=target.name,
+                template=target.template,
+                task=task.name,
+                limit=target.member.limit,
+                weight=target.weight,
+            )
+            if in_worker:
+                worker_hooks.note_dynamic_name(
+                    app,
+                    target.name,
+                    target.template,
+                    task.name,
+                    target.member.limit,
+                    target.weight,
+                    str(request.hostname or ""),
+                )
     owner = {
         "task_id": request.id,
         "task": task.name,
@@ -294,12 +391,36 @@ def run_limited(task: Any, spec: LimitSpec, call: Callable[[], _T]) -> _T:
         "pid": os.getpid(),
         "machine": socket.gethostname(),
     }
-    directive = _gate_directive(request)
     if directive is not None:
-        return _run_gated(task, sem, weight, opts, owner, directive, call)
+        return _run_gated(task, sem, weights, opts, owner, directive, call, fair, plan.partition)
     if request.called_directly or request.is_eager or not request.id:
-        return _run_blocking(task, sem, weight, opts, owner, call)
-    return _acquire_and_run(task, sem, weight, opts, owner, call)
+        return _run_blocking(task, sem, opts, owner, call, fair, plan.partition)
+    return _acquire_and_run(task, sem, opts, owner, call, fair, plan.partition)
+
+
+def _plan(
+    task: Any,
+    spec: LimitSpec,
+    args: tuple[Any, ...],
+    kwargs: Mapping[str, Any],
+    directive: Mapping[str, Any] | None,
+) -> targets.Plan:
+    """This call's targets; the partition is the one the execution already waits in (the
+    gate's, or the one a parked copy carries), else the delivery queue's."""
+    request = task.request
+    if args and args[0] is task:  # a bound task's wrapper gets self first
+        args = args[1:]
+    known = directive.get("p") if directive is not None else None
+    if not isinstance(known, str):
+        known = WaitState.from_request(request).partition
+    queue = None
+    if known is None and not (request.called_directly or request.is_eager):
+        stamped = getattr(request, QUEUE_KEY, None)
+        if isinstance(stamped, str) and stamped:
+            queue = stamped
+        else:
+            queue = queues.delivery_queue(task.app, request.delivery_info)
+    return targets.resolve(task, spec, args, kwargs, queue, partition=known)
 
 
 def _gate_directive(request: Any) -> Mapping[str, Any] | None:
@@ -315,12 +436,14 @@ def _gate_directive(request: Any) -> Mapping[str, Any] | None:
 
 def _run_gated(
     task: Any,
-    sem: Semaphore,
-    weight: int,
+    sem: Lock,
+    weights: Mapping[str, int],
     opts: config.ResolvedOptions,
     owner: dict[str, Any],
     directive: Mapping[str, Any],
     call: Callable[[], _T],
+    fair: dict[str, Any],
+    partition: str,
 ) -> _T:
     """The gate held this task and decided: run with its grant, park, or time out."""
     request = task.request
@@ -328,38 +451,35 @@ def _run_gated(
     ticket = str(directive["t"])
     do = directive.get("do")
     if do == "run":
-        permit = Permit(
-            sem,
-            ticket,
-            weight,
-            int(directive["f"]),
-            float(directive["x"]),
-            str(directive["c"]),
+        raw = directive["f"]
+        fencing = [int(f) for f in raw] if isinstance(raw, list) else [int(raw)]
+        permit = adopt(sem, ticket, weights, fencing, float(directive["x"]), str(directive["c"]))
+        return _hold(
+            task, sem, permit, opts, state, call, float(directive.get("w", 0.0)), partition
         )
-        return _hold(task, sem, permit, opts, state, call, float(directive.get("w", 0.0)))
     if do == "timeout":
         waited = float(directive.get("w", 0.0))
         raise _timeout(task, sem, waited, opts.max_wait or 0.0)
     # "park": held too long for the broker; re-publish with a countdown, keep the place
     first = state.first_wait if state.first_wait is not None else time.time()
-    state = WaitState(state.epoch, state.waits, first, state.takeover)
-    common = _common(weight, owner, uuid.uuid4().hex, state, opts)
+    state = WaitState(state.epoch, state.waits, first, state.takeover, partition)
+    common = _common(owner, uuid.uuid4().hex, state, opts, fair)
     attempt = _park(task, sem, state, opts, ticket, common, registered=True)
     if attempt.permit is not None:
-        return _hold(task, sem, attempt.permit, opts, state, call)
+        return _hold(task, sem, attempt.permit, opts, state, call, partition=partition)
     return _drop_duplicate(task, sem, attempt)
 
 
 def _common(
-    weight: int,
     owner: dict[str, Any] | None,
     claim: str,
     state: WaitState,
     opts: config.ResolvedOptions,
+    fair: dict[str, Any],
 ) -> dict[str, Any]:
     """The try_acquire arguments every attempt of one execution shares."""
     return {
-        "weight": weight,
+        **fair,
         "owner": owner,
         "claim": claim,
         "epoch": state.epoch,
@@ -374,26 +494,35 @@ def _common(
 
 def _run_blocking(
     task: Any,
-    sem: Semaphore,
-    weight: int,
+    sem: Lock,
     opts: config.ResolvedOptions,
     owner: dict[str, Any],
     call: Callable[[], _T],
+    fair: dict[str, Any],
+    partition: str,
 ) -> _T:
     """Eager mode and direct calls: a Retry would recurse, so block for a bounded time."""
     bound = opts.max_wait
     if bound is None:
         bound = float(task.app.conf.get("semaphore_eager_timeout", 10.0))
     started = clock.monotonic()
-    permit = sem.acquire(weight=weight, timeout=bound, owner=owner)
+    permit = sem.acquire(timeout=bound, owner=owner, **fair)
     if permit is None:
         raise _timeout(task, sem, clock.monotonic() - started, bound)
-    return _hold(task, sem, permit, opts, WaitState(), call)
+    return _hold(task, sem, permit, opts, WaitState(), call, partition=partition)
 
 
-def _timeout(task: Any, sem: Semaphore, waited: float, bound: float) -> SemaphoreTimeout:
-    # ops: events
-    events.emit("timed_out", name=sem.name, task_id=task.request.id, task=task.name, waited=waited)
+def _timeout(task: Any, sem: Lock, waited: float, bound: float) -> SemaphoreTimeout:
+    for name in lock_names(sem):  # ops: events
+        events.emit("timed_out", name=name, task_id=task.request.id, task=task.name, waited=waited)
+    log_wait.info(
+        "task %s gave up after waiting %.1fs (max wait %ss): SemaphoreTimeout",
+        task.name,
+        waited,
+        bound,
+        semaphore=sem.name,
+        task_id=task.request.id,
+    )
     return SemaphoreTimeout(
         f"task {task.name}[{task.request.id}] waited {waited:.1f}s for semaphore "
         f"{sem.name!r} (limit {sem.limit}) and gave up (max wait {bound}s)",
@@ -405,11 +534,12 @@ def _timeout(task: Any, sem: Semaphore, waited: float, bound: float) -> Semaphor
 
 def _acquire_and_run(
     task: Any,
-    sem: Semaphore,
-    weight: int,
+    sem: Lock,
     opts: config.ResolvedOptions,
     owner: dict[str, Any],
     call: Callable[[], _T],
+    fair: dict[str, Any],
+    partition: str,
 ) -> _T:
     """A task that did not come through the gate acquires in its worker slot: granted at
     once, or near the head of the line (``standby``) it waits in the slot up to
@@ -426,10 +556,11 @@ def _acquire_and_run(
             state.first_wait or time.time(),
             takeover=state.takeover or redelivered,
         )
+    state = WaitState(state.epoch, state.waits, state.first_wait, state.takeover, partition)
     ticket = f"{request.id}:{request.retries or 0}"
     # One claim per execution: a grant is only ever returned again to this execution (a call
     # re-sent by redis-py), never to another delivery of the same message.
-    common = _common(weight, owner, uuid.uuid4().hex, state, opts)
+    common = _common(owner, uuid.uuid4().hex, state, opts, fair)
     try:
         quarantine_guard(sem)
         attempt = sem.try_acquire(ticket, place_ttl=opts.wait_timeout + PLACE_SLACK, **common)
@@ -440,14 +571,24 @@ def _acquire_and_run(
             and (attempt.position or 0) < standby
         ):
             # keep_place: when the wait ends without a grant, the place stays for _park
-            # ops: events
-            events.emit(
-                "waited",
-                name=sem.name,
+            for name in lock_names(sem):  # ops: events
+                events.emit(
+                    "waited",
+                    name=name,
+                    task_id=request.id,
+                    task=task.name,
+                    mode="slot",
+                    position=attempt.position,
+                )
+            log_wait.info(
+                "task %s waits in its worker slot (limit %d, position %s) for up to %.1fs "
+                "(wait_timeout)",
+                task.name,
+                sem.limit,
+                attempt.position,
+                opts.wait_timeout,
+                semaphore=sem.name,
                 task_id=request.id,
-                task=task.name,
-                mode="slot",
-                position=attempt.position,
             )
             attempt = sem.wait(
                 ticket,
@@ -460,15 +601,15 @@ def _acquire_and_run(
     except SemaphoreBackendError as exc:
         # Fail closed: no permit, no body.  Come back later; nothing is lost.
         log_acquire.warning(
-            "task %s[%s]: semaphore %r unavailable (%s); retrying later without running",
+            "task %s: semaphore unavailable (%s); retrying later without running",
             task.name,
-            request.id,
-            sem.name,
             exc,
+            semaphore=sem.name,
+            task_id=request.id,
         )
         attempt = _park(task, sem, state, opts, ticket, common, registered=False)
     if attempt.permit is not None:
-        return _hold(task, sem, attempt.permit, opts, state, call)
+        return _hold(task, sem, attempt.permit, opts, state, call, partition=partition)
     if attempt.status is AttemptStatus.HELD_ELSEWHERE and state.takeover:
         # Our previous delivery holds the ticket's permit.  If it ran on this machine and its
         # process is gone (SIGKILL with reject_on_worker_lost: Celery tells nobody), take the
@@ -481,46 +622,64 @@ def _acquire_and_run(
                 _check_grant(sem, attempt, ticket, common["claim"])
         except SemaphoreBackendError as exc:
             log_acquire.warning(
-                "task %s[%s]: semaphore %r unavailable (%s); retrying later without running",
+                "task %s: semaphore unavailable (%s); retrying later without running",
                 task.name,
-                request.id,
-                sem.name,
                 exc,
+                semaphore=sem.name,
+                task_id=request.id,
             )
         if attempt.permit is None:
             attempt = _park(task, sem, state, opts, ticket, common, registered=False)
         if attempt.permit is not None:
-            return _hold(task, sem, attempt.permit, opts, state, call)
+            return _hold(task, sem, attempt.permit, opts, state, call, partition=partition)
     if attempt.status is AttemptStatus.WAITING:
         attempt = _park(task, sem, state, opts, ticket, common, registered=True)
         if attempt.permit is not None:
-            return _hold(task, sem, attempt.permit, opts, state, call)
+            return _hold(task, sem, attempt.permit, opts, state, call, partition=partition)
     return _drop_duplicate(task, sem, attempt)
 
 
-def quarantine_guard(sem: Semaphore) -> None:
-    """Raise SemaphoreBackendError (the caller then waits, fail closed) while ``sem`` is in
-    quarantine after its state was lost (see :mod:`celery_semaphore.restart`)."""
-    left = restart.quarantined(sem)
-    if left:
-        raise SemaphoreBackendError(
-            f"semaphore {sem.name!r}: its state in Redis was lost; no new permit for "
-            f"{left:.1f}s more (semaphore_restart_policy='fail_closed')",
-            name=sem.name,
-        )
+def _members(lock: Lock) -> list[Semaphore]:
+    return [sem for sem, _ in lock.members] if isinstance(lock, GroupLock) else [lock]
 
 
-def _check_grant(sem: Semaphore, attempt: Attempt, ticket: str, claim: str) -> None:
+def quarantined(lock: Lock) -> bool:
+    """Is a semaphore of ``lock`` in quarantine in this process (its state was lost)?"""
+    return any(restart.quarantined(sem) for sem in _members(lock))
+
+
+def quarantine_guard(lock: Lock) -> None:
+    """Raise SemaphoreBackendError (the caller then waits, fail closed) while a semaphore of
+    ``lock`` is in quarantine after its state was lost (see :mod:`celery_semaphore.restart`)."""
+    for sem in _members(lock):
+        left = restart.quarantined(sem)
+        if left:
+            raise SemaphoreBackendError(
+                f"semaphore {sem.name!r}: its state in Redis was lost; no new permit for "
+                f"{left:.1f}s more (semaphore_restart_policy='fail_closed')",
+                name=sem.name,
+            )
+
+
+def lost_at_grant(lock: Lock, permit: Permit) -> bool:
+    """Was this new grant made on a state that was lost (any member's, for a group)?"""
+    fences = [p.fencing_token for p in member_permits(permit)]
+    # no short cut: every member notes the fencing token it saw
+    lost = [restart.lost_at_grant(sem, f) for sem, f in zip(_members(lock), fences, strict=True)]
+    return any(lost)
+
+
+def _check_grant(lock: Lock, attempt: Attempt, ticket: str, claim: str) -> None:
     """A new grant made on a state that was lost (see restart.lost_at_grant) is given back
     at once, and the caller waits as if Redis had failed (fail closed)."""
     if attempt.status is not AttemptStatus.GRANTED or attempt.permit is None:
         return
-    if restart.lost_at_grant(sem, attempt.permit.fencing_token):
-        sem.release_token(ticket, claim=claim, tombstone_ttl=0)
-        quarantine_guard(sem)
+    if lost_at_grant(lock, attempt.permit):
+        lock.release_token(ticket, claim=claim, tombstone_ttl=0)
+        quarantine_guard(lock)
 
 
-def _reclaim_from_dead_process(sem: Semaphore, token: str) -> bool:
+def _reclaim_from_dead_process(sem: Lock, token: str) -> bool:
     holder = next((h for h in sem.holders() if h.token == token), None)
     if holder is None or holder.owner.get("machine") != socket.gethostname():
         return False
@@ -528,10 +687,11 @@ def _reclaim_from_dead_process(sem: Semaphore, token: str) -> bool:
     if not isinstance(pid, int) or pid == os.getpid() or _process_alive(pid):
         return False
     log_release.warning(
-        "semaphore %r: released the permit of dead process %d (token %s) for its redelivery",
-        sem.name,
+        "released the permit of dead process %d (token %s) for its redelivery",
         pid,
         token,
+        semaphore=sem.name,
+        task_id=token.rpartition(":")[0],
     )
     released = sem.release_token(token, tombstone_ttl=0)  # no tombstone: the redelivery runs
     if released:  # ops: events
@@ -551,23 +711,22 @@ def _process_alive(pid: int) -> bool:
     return True
 
 
-def _drop_duplicate(task: Any, sem: Semaphore, attempt: Attempt) -> NoReturn:
+def _drop_duplicate(task: Any, sem: Lock, attempt: Attempt) -> NoReturn:
     from celery.exceptions import Ignore
 
     log_acquire.info(
-        "task %s[%s]: semaphore %r: this copy is a duplicate (%s); dropped, the other copy "
-        "runs (or ran) the task",
+        "task %s: this copy is a duplicate (%s); dropped, the other copy runs (or ran) the task",
         task.name,
-        task.request.id,
-        sem.name,
         attempt.status.name,
+        semaphore=sem.name,
+        task_id=task.request.id,
     )
     raise Ignore()
 
 
 def _park(
     task: Any,
-    sem: Semaphore,
+    sem: Lock,
     state: WaitState,
     opts: config.ResolvedOptions,
     ticket: str,
@@ -593,7 +752,7 @@ def _park(
         countdown = min(countdown, max(0.0, opts.max_wait - waited) + 0.05)
     retries = request.retries or 0
     epoch = state.epoch + 1
-    later = WaitState(epoch, state.waits + 1, first, state.takeover)
+    later = WaitState(epoch, state.waits + 1, first, state.takeover, state.partition)
     headers = {
         k: v for k, v in dict(request.headers or {}).items() if k not in (HEADER, GATE_HEADER)
     }
@@ -615,11 +774,11 @@ def _park(
             # Fail closed: park on the countdown alone (the copy keeps the ticket, so the
             # place, if it still exists); never fail the task for a Redis blip.
             log_acquire.warning(
-                "task %s[%s]: semaphore %r unavailable (%s); retrying later without running",
+                "task %s: semaphore unavailable (%s); retrying later without running",
                 task.name,
-                request.id,
-                sem.name,
                 exc,
+                semaphore=sem.name,
+                task_id=request.id,
             )
             position = None
         else:
@@ -631,26 +790,25 @@ def _park(
     else:
         position = None
     sig.apply_async(countdown=countdown)
-    # ops: events
-    events.emit(
-        "waited",
-        name=sem.name,
-        task_id=request.id,
-        task=task.name,
-        mode="parked",
-        position=position,
-    )
-    log_acquire.info(
-        "task %s[%s] waits for semaphore %r (limit %d, position %s, waited %.1fs): parked for "
-        "%.2fs (wait #%d)",
+    for name in lock_names(sem):  # ops: events
+        events.emit(
+            "waited",
+            name=name,
+            task_id=request.id,
+            task=task.name,
+            mode="parked",
+            position=position,
+        )
+    log_wait.info(
+        "task %s waits (limit %d, position %s, waited %.1fs): parked for %.2fs (wait #%d)",
         task.name,
-        request.id,
-        sem.name,
         sem.limit,
         position,
         waited,
         countdown,
         later.waits,
+        semaphore=sem.name,
+        task_id=request.id,
     )
     raise Ignore()
 
@@ -674,11 +832,17 @@ def _backoff(task: Any, opts: config.ResolvedOptions, waits: int) -> float:
     return random.uniform(0, ceiling) if opts.retry_jitter else ceiling
 
 
-def _withdraw_quietly(sem: Semaphore, ticket: str) -> None:
+def _withdraw_quietly(sem: Lock, ticket: str) -> None:
     try:
         sem.withdraw(ticket)
     except SemaphoreError as exc:
-        log_acquire.warning("semaphore %r: could not withdraw %s: %s", sem.name, ticket, exc)
+        log_wait.warning(
+            "could not withdraw %s: %s",
+            ticket,
+            exc,
+            semaphore=sem.name,
+            task_id=ticket.rpartition(":")[0],
+        )
 
 
 def _waited(state: WaitState) -> float:
@@ -687,27 +851,36 @@ def _waited(state: WaitState) -> float:
 
 def _hold(
     task: Any,
-    sem: Semaphore,
+    sem: Lock,
     permit: Permit,
     opts: config.ResolvedOptions,
     state: WaitState,
     call: Callable[[], _T],
     waited: float | None = None,
+    partition: str | None = None,
 ) -> _T:
     permit._cs_policy = opts.on_lease_lost  # type: ignore[attr-defined]
     heartbeat.register(permit, interval=opts.heartbeat_interval, task_id=task.request.id)
     note_handled(permit.token)
     permits: list[Permit] = _local.__dict__.setdefault("permits", [])
     permits.append(permit)
-    # ops: events
-    events.emit(
-        "acquired",
-        name=sem.name,
+    for member in member_permits(permit):  # ops: events
+        events.emit(
+            "acquired",
+            name=member.semaphore.name,
+            task_id=task.request.id,
+            task=task.name,
+            weight=member.weight,
+            wait=waited if waited is not None else _waited(state),
+            partition=partition,
+        )
+    log_acquire.debug(
+        "task %s acquired %d unit(s) (fencing token %d)",
+        task.name,
+        permit.weight,
+        permit.fencing_token,
+        semaphore=sem.name,
         task_id=task.request.id,
-        task=task.name,
-        weight=permit.weight,
-        wait=waited if waited is not None else _waited(state),
-        partition=None,
     )
     held_since = clock.monotonic()  # ops: events
     interrupted = False
@@ -730,15 +903,25 @@ def _hold(
             tomb = 2 * (opts.retry_backoff_max + PLACE_SLACK + opts.lease_ttl)
         # ops: events (held =)
         held = release_with_retry(permit, tombstone_ttl=tomb, task_id=task.request.id)
-        # ops: events
-        events.emit(
-            "released",
-            name=sem.name,
+        for member in member_permits(permit):  # ops: events
+            events.emit(
+                "released",
+                name=member.semaphore.name,
+                task_id=task.request.id,
+                task=task.name,
+                weight=member.weight,
+                hold=clock.monotonic() - held_since,
+                held=held,
+            )
+        log_release.debug(
+            "task %s released its permit after %.3fs%s",
+            task.name,
+            clock.monotonic() - held_since,
+            " (its lease had been lost)"
+            if permit.lost
+            else ("" if held else " (it was already gone: reclaimed or force-released)"),
+            semaphore=sem.name,
             task_id=task.request.id,
-            task=task.name,
-            weight=permit.weight,
-            hold=clock.monotonic() - held_since,
-            held=held,
         )
 
 
@@ -754,19 +937,19 @@ def release_with_retry(
         except SemaphoreBackendError as exc:
             last = exc
             log_release.warning(
-                "semaphore %r: release failed for task %s (try %d): %s",
-                permit.semaphore.name,
-                task_id,
+                "release failed (try %d): %s",
                 attempt + 1,
                 exc,
+                semaphore=permit.semaphore.name,
+                task_id=task_id,
             )
     log_release.error(
-        "semaphore %r: could not release the permit of task %s (token %s): %s; it will come "
-        "back when its lease expires (at most lease_ttl=%.0fs)",
-        permit.semaphore.name,
-        task_id,
+        "could not release the permit (token %s): %s; it will come back when its lease "
+        "expires (at most lease_ttl=%.0fs)",
         permit.token,
         last,
         permit.semaphore.lease_ttl,
+        semaphore=permit.semaphore.name,
+        task_id=task_id,
     )
     return False

@@ -26,7 +26,6 @@ A granted permit's token is its ticket.
 from __future__ import annotations
 
 import json
-import logging
 import os
 import socket
 import threading
@@ -40,7 +39,7 @@ from typing import Any, TypeVar
 import redis as redis_lib
 from redis.exceptions import RedisError, ResponseError
 
-from . import _validate, clock
+from . import _validate, clock, connection, logs
 from ._scripts import ScriptSet
 from .exceptions import (
     SemaphoreBackendError,
@@ -54,19 +53,22 @@ __all__ = [
     "Attempt",
     "AttemptStatus",
     "HolderInfo",
+    "PartitionInfo",
     "Permit",
     "Semaphore",
     "Snapshot",
     "WaiterInfo",
 ]
 
-log = logging.getLogger("celery_semaphore.semaphore")
+log = logs.get("semaphore")
 
 DEFAULT_URL = "redis://localhost:6379/0"
 #: How long a released token is remembered, so a re-sent release reports success.
 DEFAULT_TOMBSTONE_TTL = 10.0
 #: A blocked waiter re-checks at least this often, in case a wake-up was lost.
 DEFAULT_POLL_INTERVAL = 1.0
+#: A head waiter that does not fit in the free units reserves them once it has waited this long.
+DEFAULT_AGING = 2.0
 
 WakeHandler = Callable[[str, str], None]
 _T = TypeVar("_T")
@@ -98,19 +100,32 @@ class HolderInfo:
     acquired_at: float  #: server epoch seconds
     lease_remaining: float  #: seconds
     owner: dict[str, Any]
+    partition: str = ""  #: the partition it was granted in ("" is the default one)
 
 
 @dataclass(frozen=True)
 class WaiterInfo:
-    """One live waiter, in FIFO order, as :meth:`Semaphore.waiters` reports it."""
+    """One live waiter, in arrival order, as :meth:`Semaphore.waiters` reports it."""
 
     ticket: str
-    position: int  #: 0 is the head of the line
+    position: int  #: in its partition's line: 0 is the head
     weight: int
     waiting_since: float  #: server epoch seconds
     place_remaining: float  #: seconds until the place expires unless the waiter calls again
     parked: bool  #: True when the waiter is woken through wake data rather than by blocking
     owner: dict[str, Any]
+    partition: str = ""  #: the partition whose line it stands in ("" is the default one)
+
+
+@dataclass(frozen=True)
+class PartitionInfo:
+    """One partition with live holders or waiters, as :meth:`Semaphore.inspect` reports it."""
+
+    name: str  #: "" is the default partition
+    used: int  #: units its live holders hold
+    waiters: int  #: live waiters in its line
+    cap: int | None  #: the most units it may hold (None: no cap), as its last acquirer sent it
+    weight: int  #: its partition weight, as its last acquirer sent it
 
 
 @dataclass(frozen=True)
@@ -124,6 +139,9 @@ class Snapshot:
     server_time: float
     holders: list[HolderInfo] = field(default_factory=list)
     waiters: list[WaiterInfo] = field(default_factory=list)
+    #: partitions with live holders or waiters, by name
+    partitions: list[PartitionInfo] = field(default_factory=list)
+    grants_total: int = 0  #: grants ever made (the fencing-token counter)
 
     @property
     def available(self) -> int:
@@ -136,7 +154,7 @@ class Attempt:
 
     status: AttemptStatus
     permit: Permit | None = None
-    position: int | None = None  #: for WAITING: 0 is the head of the line
+    position: int | None = None  #: for WAITING: in its partition's line, 0 is the head
     epoch: int = 0  #: for WAITING and STALE: the epoch of the place
     limit: int = 0  #: the limit in force when the script ran
 
@@ -275,6 +293,13 @@ class Semaphore:
     :param poll_interval: how often a blocked waiter re-checks if no wake-up comes.
     :param on_wake: called as ``on_wake(ticket, data)`` for parked waiters (those that gave wake
         data) that units were freed for; blocked waiters are woken without it.
+    :param hash_tag: put this semaphore's keys in the Redis Cluster slot of ``{hash_tag}``
+        instead of one of its own (the name is still part of every key).  Semaphores used
+        together in a :class:`~celery_semaphore.SemaphoreGroup` on a Redis Cluster must share
+        one hash tag.
+    :param aging: seconds after which a waiter at the head of its partition's line that does
+        not fit in the free units has them reserved for it, so later arrivals in other
+        partitions stop overtaking it (see "Fair sharing" in the docs).  0 reserves at once.
     """
 
     def __init__(
@@ -288,6 +313,8 @@ class Semaphore:
         timeout: float | None = None,
         poll_interval: float = DEFAULT_POLL_INTERVAL,
         on_wake: WakeHandler | None = None,
+        aging: float = DEFAULT_AGING,
+        hash_tag: str | None = None,
     ) -> None:
         self.name = _validate.name("name", name)
         self.limit = _validate.positive_int("limit", limit)
@@ -296,7 +323,10 @@ class Semaphore:
         self.timeout = _validate.optional_non_negative_seconds("timeout", timeout)
         self.poll_interval = _validate.positive_seconds("poll_interval", poll_interval)
         self.on_wake = on_wake
-        self.keys = SemaphoreKeys.for_name(self.name, self.key_prefix)
+        self.aging = _validate.non_negative_seconds("aging", aging)
+        self._aging_ms = int(self.aging * 1000)
+        self.hash_tag = None if hash_tag is None else _validate.name("hash_tag", hash_tag)
+        self.keys = SemaphoreKeys.for_name(self.name, self.key_prefix, self.hash_tag)
         if isinstance(redis, str):
             self._url: str | None = _validate.redis_url("redis", redis)
             self._client: Any = None
@@ -322,7 +352,7 @@ class Semaphore:
         if self._client is None:
             with self._init_lock:
                 if self._client is None:
-                    self._client = redis_lib.Redis.from_url(self._url or DEFAULT_URL)
+                    self._client = connection.redis_client(self._url or DEFAULT_URL)
         return self._client
 
     def _run(self, operation: str, args: list[Any]) -> list[Any]:
@@ -356,7 +386,8 @@ class Semaphore:
         """The SemaphoreError for a redis-py error of one of our calls."""
         if not isinstance(exc, ResponseError):
             return SemaphoreBackendError(
-                f"semaphore {self.name!r}: Redis failed: {type(exc).__name__}: {exc}",
+                f"semaphore {self.name!r}: Redis at {self._where()} failed: "
+                f"{type(exc).__name__}: {exc}",
                 name=self.name,
             )
         if "WRONGTYPE" in str(exc):
@@ -368,6 +399,12 @@ class Semaphore:
         return SemaphoreBackendError(
             f"semaphore {self.name!r}: Redis refused the command: {exc}", name=self.name
         )
+
+    def _where(self) -> str:
+        """Where the client points, without a password (for error messages)."""
+        if self._url is not None:
+            return connection.safe_url(self._url)
+        return connection.describe_client(self._client)
 
     def _state_error(self) -> SemaphoreStateError | None:
         """A SemaphoreStateError naming the first of our keys that holds a foreign type, or
@@ -402,7 +439,9 @@ class Semaphore:
                     try:
                         self.on_wake(ticket, data)
                     except Exception:
-                        log.exception("semaphore %r: on_wake failed for %s", self.name, ticket)
+                        log.exception(
+                            "on_wake failed for %s", ticket, semaphore=self.name, task_id=None
+                        )
             else:
                 blocked.append(ticket)
         if not blocked:
@@ -416,7 +455,9 @@ class Semaphore:
                 pipe.expire(key, ttl)
             pipe.execute()
         except RedisError as exc:
-            log.warning("semaphore %r: wake-up failed (%s); waiters will poll", self.name, exc)
+            log.warning(
+                "wake-up failed (%s); waiters will poll", exc, semaphore=self.name, task_id=None
+            )
 
     def _blocking_place_ttl(self) -> float:
         return max(2.0, 3 * self.poll_interval)
@@ -449,6 +490,9 @@ class Semaphore:
         epoch: int = 0,
         check_done: bool = False,
         lease_ttl: float | None = None,
+        partition: str = "",
+        partition_cap: int | None = None,
+        partition_weight: int = 1,
     ) -> Attempt:
         """One atomic attempt, in one round trip.  Never blocks.
 
@@ -461,19 +505,29 @@ class Semaphore:
         :param wake_grace: a waiter is named in wake-ups at most once per this many seconds.
         :param epoch: a call with an epoch lower than the place's is refused as STALE.
         :param check_done: report DONE for a ticket released within its tombstone time.
+        :param partition: the line to wait in ("" is the default one); free units are shared
+            fairly among partitions with waiters (see "Fair sharing" in the docs).
+        :param partition_cap: the partition never holds more than this many units (None: no
+            cap); stored with the partition, the last acquirer's value counts.
+        :param partition_weight: 1 to 1000: the partition's share is proportional to it;
+            stored like ``partition_cap``.
         """
         weight = _validate.positive_int("weight", weight, maximum=self.limit)
         place = _validate.non_negative_seconds("place_ttl", place_ttl)
         lease = _validate.optional_positive_seconds("lease_ttl", lease_ttl)
+        part, cap, part_weight = self._partition_args(
+            weight, partition, partition_cap, partition_weight
+        )
         owner_text = (
             json.dumps(dict(owner), default=str) if owner is not None else _default_owner_text()
         )
         # see acquire.lua for the ARGV; the integers travel as one argument
         numbers = (
             f"{weight} {self.limit} {self._ms(lease or self.lease_ttl)} {int(place * 1000)} "
-            f"{int(wake_grace * 1000)} {epoch} {1 if check_done else 0}"
+            f"{int(wake_grace * 1000)} {epoch} {1 if check_done else 0} {cap} {part_weight} "
+            f"{self._aging_ms}"
         )
-        reply = self._run("acquire", [ticket, numbers, claim, owner_text, wake_data])
+        reply = self._run("acquire", [ticket, numbers, claim, owner_text, wake_data, part])
         status = _STATUSES[int(reply[0])]
         limit = int(reply[4])
         if len(reply) > 5:
@@ -492,6 +546,26 @@ class Semaphore:
             )
         return Attempt(status, limit=limit)
 
+    @staticmethod
+    def _partition_args(
+        weight: int, partition: str, partition_cap: int | None, partition_weight: int
+    ) -> tuple[str, int, int]:
+        """Checked partition arguments as the scripts take them (cap -1: none)."""
+        if partition == "" and partition_cap is None and partition_weight == 1:
+            return "", -1, 1  # the usual case, checked at a glance
+        part = _validate.partition("partition", partition)
+        cap = _validate.optional_positive_int("partition_cap", partition_cap)
+        part_weight = _validate.positive_int(
+            "partition_weight", partition_weight, maximum=_validate.MAX_PARTITION_WEIGHT
+        )
+        if cap is not None and weight > cap:
+            raise ValueError(
+                f"weight={weight} is not accepted with partition_cap={cap} (partition "
+                f"{part!r}): a waiter heavier than its partition's cap could never be granted; "
+                f"use a weight from 1 to {cap} or a larger partition_cap"
+            )
+        return part, -1 if cap is None else cap, part_weight
+
     def release_token(
         self, token: str, *, tombstone_ttl: float | None = None, claim: str = ""
     ) -> bool:
@@ -502,7 +576,9 @@ class Semaphore:
         tomb = _validate.optional_non_negative_seconds("tombstone_ttl", tombstone_ttl)
         tomb_ms = self._ms(DEFAULT_TOMBSTONE_TTL) if tomb is None else int(tomb * 1000)
         # see release.lua for the ARGV; the integers travel as one argument
-        reply = self._run("release", [token, f"{self.limit} {tomb_ms} 1000", claim])
+        reply = self._run(
+            "release", [token, f"{self.limit} {tomb_ms} 1000 {self._aging_ms}", claim]
+        )
         if len(reply) > 1:
             self._wake(reply[1:])
         return int(reply[0]) in (1, 2)
@@ -530,6 +606,7 @@ class Semaphore:
                 self._ms(place or self.lease_ttl),
                 self.limit,
                 1000,
+                self._aging_ms,
             ],
         )
         self._wake(reply[2:])
@@ -540,14 +617,14 @@ class Semaphore:
 
     def withdraw(self, ticket: str) -> bool:
         """Give up a place in line.  True if there was one."""
-        reply = self._run("withdraw", [ticket, self.limit, 1000])
+        reply = self._run("withdraw", [ticket, self.limit, 1000, self._aging_ms])
         self._wake(reply[1:])
         return int(reply[0]) == 1
 
     def reclaim(self) -> int:
         """Take back expired leases and places now (normally done by every operation), and
         wake whoever the freed units belong to.  Returns the number of holders reclaimed."""
-        reply = self._run("reclaim", [self.limit, 1000])
+        reply = self._run("reclaim", [self.limit, 1000, self._aging_ms])
         self._wake(reply[1:])
         return int(reply[0])
 
@@ -593,6 +670,9 @@ class Semaphore:
         ticket: str | None = None,
         owner: Mapping[str, Any] | None = None,
         place_ttl: float | None = None,
+        partition: str = "",
+        partition_cap: int | None = None,
+        partition_weight: int = 1,
     ) -> Permit | None:
         """Acquire ``weight`` units.
 
@@ -604,15 +684,23 @@ class Semaphore:
             the place is kept for ``place_ttl`` seconds (default: ``lease_ttl``).  Without a
             ticket, a failed call leaves no trace.
         :param owner: free-form metadata stored with the permit (default: host and pid).
+        :param partition: the partition's line to wait in; with ``partition_cap`` and
+            ``partition_weight`` as in :meth:`try_acquire`.
         """
         _validate.positive_int("weight", weight, maximum=self.limit)
+        self._partition_args(weight, partition, partition_cap, partition_weight)
+        parts: dict[str, Any] = {
+            "partition": partition,
+            "partition_cap": partition_cap,
+            "partition_weight": partition_weight,
+        }
         wait = _validate.optional_non_negative_seconds("timeout", timeout)
         own_ticket = ticket is None
         t = self.new_ticket() if ticket is None else _validate.name("ticket", ticket)
         kept = self.lease_ttl if place_ttl is None else place_ttl
         if not blocking:
             attempt = self.try_acquire(
-                t, weight=weight, owner=owner, place_ttl=0.0 if own_ticket else kept
+                t, weight=weight, owner=owner, place_ttl=0.0 if own_ticket else kept, **parts
             )
             return attempt.permit
         attempt = self.wait(
@@ -622,6 +710,7 @@ class Semaphore:
             keep_place=None if own_ticket else kept,
             weight=weight,
             owner=owner,
+            **parts,
         )
         return attempt.permit
 
@@ -701,14 +790,28 @@ class Semaphore:
         except (RedisError, SemaphoreError) as exc:
             # best effort: never let a cleanup failure replace the exception (or result) of
             # the wait itself
-            log.warning("semaphore %r: cleanup after waiting failed: %s", self.name, exc)
+            log.warning("cleanup after waiting failed: %s", exc, semaphore=self.name, task_id=None)
 
     @contextmanager
-    def hold(self, *, weight: int = 1, timeout: float | None = None) -> Iterator[Permit]:
+    def hold(
+        self,
+        *,
+        weight: int = 1,
+        timeout: float | None = None,
+        partition: str = "",
+        partition_cap: int | None = None,
+        partition_weight: int = 1,
+    ) -> Iterator[Permit]:
         """``with sem.hold(timeout=5) as permit:``: acquire or raise
         :class:`~celery_semaphore.SemaphoreTimeout`; release on exit."""
         started = clock.monotonic()
-        permit = self.acquire(weight=weight, timeout=timeout)
+        permit = self.acquire(
+            weight=weight,
+            timeout=timeout,
+            partition=partition,
+            partition_cap=partition_cap,
+            partition_weight=partition_weight,
+        )
         if permit is None:
             waited = clock.monotonic() - started
             raise SemaphoreTimeout(
@@ -745,11 +848,11 @@ class Semaphore:
         now_ms = int(reply[0])
         override_text = _text(reply[2])
         override = int(override_text) if override_text else None
-        n_holders, n_waiters = int(reply[3]), int(reply[4])
-        rest = reply[5:]
+        n_holders, n_waiters, n_parts = int(reply[3]), int(reply[4]), int(reply[5])
+        rest = reply[7:]
         holders = []
         for i in range(n_holders):
-            token, expiry, weight, fence, acquired, owner = rest[6 * i : 6 * i + 6]
+            token, expiry, weight, fence, acquired, owner, part = rest[7 * i : 7 * i + 7]
             holders.append(
                 HolderInfo(
                     token=_text(token),
@@ -758,21 +861,36 @@ class Semaphore:
                     acquired_at=int(_text(acquired)) / 1000,
                     lease_remaining=(float(_text(expiry)) - now_ms) / 1000,
                     owner=_owner(_text(owner)),
+                    partition=_text(part),
                 )
             )
-        rest = rest[6 * n_holders :]
-        waiters = []
+        rest = rest[7 * n_holders :]
+        found = []
         for i in range(n_waiters):
-            ticket, expiry, weight, since, data, owner = rest[6 * i : 6 * i + 6]
-            waiters.append(
-                WaiterInfo(
-                    ticket=_text(ticket),
-                    position=i,
-                    weight=int(weight),
-                    waiting_since=int(_text(since)) / 1000,
-                    place_remaining=(float(_text(expiry)) - now_ms) / 1000,
-                    parked=bool(data),
-                    owner=_owner(_text(owner)),
+            ticket, expiry, weight, since, data, owner, part, pos, seq = rest[9 * i : 9 * i + 9]
+            info = WaiterInfo(
+                ticket=_text(ticket),
+                position=int(pos),
+                weight=int(weight),
+                waiting_since=int(_text(since)) / 1000,
+                place_remaining=(float(_text(expiry)) - now_ms) / 1000,
+                parked=bool(data),
+                owner=_owner(_text(owner)),
+                partition=_text(part),
+            )
+            found.append((int(seq), info))
+        found.sort(key=lambda pair: pair[0])  # the line is by partition; report arrival order
+        rest = rest[9 * n_waiters :]
+        partitions = []
+        for i in range(n_parts):
+            name, used, waiting, cap, part_weight = rest[5 * i : 5 * i + 5]
+            partitions.append(
+                PartitionInfo(
+                    name=_text(name),
+                    used=int(used),
+                    waiters=int(waiting),
+                    cap=None if int(cap) < 0 else int(cap),
+                    weight=int(part_weight),
                 )
             )
         return Snapshot(
@@ -782,7 +900,9 @@ class Semaphore:
             used=int(reply[1]),
             server_time=now_ms / 1000,
             holders=holders,
-            waiters=waiters,
+            waiters=[info for _, info in found],
+            partitions=partitions,
+            grants_total=int(reply[6]),
         )
 
     def available(self) -> int:

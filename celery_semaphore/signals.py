@@ -12,19 +12,20 @@
 
 from __future__ import annotations
 
-import logging
 from typing import Any
 
 from celery import signals
 
-from . import config, events, worker_hooks
+from . import config, connection, events, logs, targets, worker_hooks
 from .decorators import spec_of
 from .exceptions import SemaphoreError
-from .runtime import handled_here, semaphore_for
+from .runtime import handled_here, lock_for, lock_names
+from .spec import Member
 
 __all__ = ["connect"]
 
-log = logging.getLogger("celery_semaphore.release")
+log = logs.get("release")
+log_config = logs.get("config")
 
 
 def _on_worker_init(sender: Any = None, **_: Any) -> None:
@@ -36,24 +37,50 @@ def _on_worker_init(sender: Any = None, **_: Any) -> None:
         specs = [(t.name, spec_of(t)) for t in list(app.tasks.values())]
         limited = [(name, spec) for name, spec in specs if spec is not None]
         if limited:
-            config.redis_url_for(app.conf)
+            redis = config.redis_settings(app.conf)  # URL, cluster flag and options together
+            connection.check(redis.url, cluster=redis.cluster, options=redis.options)
         for task_name, spec in limited:
             config.resolve(app.conf, spec.options)  # task options with app settings
-            limit = config.semaphore_limit(app.conf, spec.name, spec.limit)
-            if spec.weight > limit:
-                raise ValueError(
-                    f"task {task_name}: weight={spec.weight} exceeds the limit of semaphore "
-                    f"{spec.name!r} ({limit}, from semaphore_limits); use a weight from 1 to "
-                    f"{limit} or raise the limit"
-                )
+            for member in spec.members:
+                _check_member(app.conf, task_name, member)
         worker_hooks.on_worker_init(app, sender)  # ops: registry and metrics
     except (TypeError, ValueError) as exc:
-        log.critical("celery-semaphore: invalid configuration: %s", exc)
+        log_config.critical(
+            "celery-semaphore: invalid configuration: %s", exc, semaphore=None, task_id=None
+        )
         raise SystemExit(f"celery-semaphore: invalid configuration: {exc}") from exc
     if limited and app.conf.get("semaphore_enabled", True):
         from .gate import install
 
         install(app)
+
+
+def _check_member(conf: Any, task_name: str, member: Member) -> None:
+    """A static weight must fit the limit and every cap the settings give it."""
+    if not member.static_weight:
+        return  # checked per call
+    limit = config.semaphore_limit(conf, member.name, member.limit)
+    if member.weight > limit:
+        raise ValueError(
+            f"task {task_name}: weight={member.weight} exceeds the limit of semaphore "
+            f"{member.name!r} ({limit}, from semaphore_limits); use a weight from 1 to "
+            f"{limit} or raise the limit"
+        )
+    table = config.APP_SETTINGS["semaphore_queue_limits"][1]
+    caps = {**member.queue_limits}
+    caps.update(
+        (table("semaphore_queue_limits", conf.get("semaphore_queue_limits", None)) or {}).get(
+            member.name, {}
+        )
+    )
+    for partition, cap in caps.items():
+        if member.weight > cap:
+            raise ValueError(
+                f"task {task_name}: weight={member.weight} exceeds the cap of partition "
+                f"{partition!r} on semaphore {member.name!r} ({cap}, from "
+                f"semaphore_queue_limits); a run would never fit; use a cap of at least "
+                f"{member.weight}"
+            )
 
 
 def _release_dead(task: Any, task_id: str | None, request: Any, why: str) -> None:
@@ -68,23 +95,50 @@ def _release_dead(task: Any, task_id: str | None, request: Any, why: str) -> Non
         return
     try:
         opts = config.resolve(app.conf, spec.options)
-        limit = config.semaphore_limit(app.conf, spec.name, spec.limit)
-        sem = semaphore_for(app, spec.name, limit, opts.lease_ttl)
-        released = sem.release_token(token)
+        # the semaphores this execution took: its names may come from its arguments (the
+        # partition does not matter for a release)
+        plan = targets.resolve(
+            task,
+            spec,
+            tuple(getattr(request, "args", None) or ()),
+            dict(getattr(request, "kwargs", None) or {}),
+            None,
+            partition="",
+        )
+    except (TypeError, ValueError) as exc:
+        log.error(
+            "could not release the permit of task %s after %s: %s; it comes back when its "
+            "lease expires",
+            task.name,
+            why,
+            exc,
+            semaphore=spec.name,
+            task_id=task_id,
+        )
+        return
+    try:
+        lock = lock_for(app, plan, opts.lease_ttl)
+        released = lock.release_token(token)
     except (SemaphoreError, ValueError) as exc:
         log.error(
-            "semaphore %r: could not release task %s after %s: %s", spec.name, task_id, why, exc
+            "could not release the permit of task %s after %s: %s; it comes back when its "
+            "lease expires",
+            task.name,
+            why,
+            exc,
+            semaphore=spec.name,
+            task_id=task_id,
         )
         return
     if released:
-        # ops: events
-        events.emit("reclaimed", name=spec.name, count=1, reason="crashed", task_id=task_id)
+        for name in lock_names(lock):  # ops: events
+            events.emit("reclaimed", name=name, count=1, reason="crashed", task_id=task_id)
         log.warning(
-            "semaphore %r: released the permit of task %s[%s] after %s",
-            spec.name,
+            "released the permit of task %s after %s",
             task.name,
-            task_id,
             why,
+            semaphore=lock.name,
+            task_id=task_id,
         )
 
 

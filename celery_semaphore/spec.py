@@ -1,40 +1,236 @@
-"""What a limited task asks for: built and checked once, when the task is decorated."""
+"""What a limited task asks for: built and checked once, when the task is decorated.
+
+A :class:`LimitSpec` has one :class:`Member` per semaphore the task takes (a name or name
+template, a limit, a weight), the partition rule (by default the queue the task was delivered
+from), per-partition caps and weights, and the task-level options of :mod:`.config`.  What one
+call of the task takes is worked out by :mod:`.targets`.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Final
 
 from . import _validate, config
+from .templates import ArgsFn, Template, parameters
 
-__all__ = ["LimitSpec"]
+__all__ = ["QUEUE", "LimitSpec", "Member", "PartitionRule"]
+
+
+class _Queue:
+    """The default partition rule: the queue the task was delivered from."""
+
+    def __repr__(self) -> str:
+        return "QUEUE"
+
+
+#: ``partition=`` default: one line per queue the task was delivered from
+QUEUE: Final = _Queue()
+#: what ``partition=`` accepts: QUEUE, None (one line), a template or a callable
+PartitionRule = _Queue | None | Template | ArgsFn
+
+
+@dataclass(frozen=True)
+class Member:
+    """One semaphore a limited task takes."""
+
+    #: the name, or the name template (``"api:{customer_id}"``), or ``<callable qualname>``
+    name: str
+    limit: int
+    #: units each run takes (1 when ``weight_fn`` decides per call)
+    weight: int = 1
+    template: Template | None = None
+    name_fn: ArgsFn | None = None
+    weight_fn: ArgsFn | None = None
+    #: partition name -> cap on the units that partition may hold of this semaphore
+    queue_limits: Mapping[str, int] = field(default_factory=dict)
+
+    @property
+    def dynamic_name(self) -> bool:
+        return self.name_fn is not None or (self.template is not None and self.template.dynamic)
+
+    @property
+    def static_weight(self) -> bool:
+        return self.weight_fn is None
 
 
 @dataclass(frozen=True)
 class LimitSpec:
-    """A semaphore name and limit, plus the task-level options (see :mod:`.config`)."""
+    """The semaphores a task takes and the task-level options (see :mod:`.config`)."""
 
-    name: str
-    limit: int
-    weight: int = 1
+    members: tuple[Member, ...]
     options: Mapping[str, Any] = field(default_factory=dict)
+    partition: PartitionRule = QUEUE
+    #: partition name -> its share weight (1 when not listed)
+    queue_weights: Mapping[str, int] = field(default_factory=dict)
+
+    # the first (usually only) member, for code that deals with one semaphore
+    @property
+    def name(self) -> str:
+        return self.members[0].name
+
+    @property
+    def limit(self) -> int:
+        return self.members[0].limit
+
+    @property
+    def weight(self) -> int:
+        return self.members[0].weight
+
+    @property
+    def uses_arguments(self) -> bool:
+        """Does resolving a call need its arguments?"""
+        return (
+            any(m.dynamic_name or not m.static_weight for m in self.members)
+            or isinstance(self.partition, Template)
+            or callable(self.partition)
+        )
 
     @classmethod
     def build(
         cls, name: object, limit: object, options: Mapping[str, Any], *, where: str
     ) -> LimitSpec:
-        checked_name = _validate.name("name", name)
-        checked_limit = _validate.positive_int("limit", limit)
-        opts = config.validate_task_options(options, where=where)
+        opts = dict(options)
         weight = opts.pop("weight", 1)
+        partition = opts.pop("partition", QUEUE)
+        queue_limits = opts.pop("queue_limits", None)
+        queue_weights = opts.pop("queue_weights", None)
+        opts = config.validate_task_options(opts, where=where)
         if "heartbeat_interval" in opts and "lease_ttl" in opts:
             config.check_heartbeat(
                 "heartbeat_interval", opts["heartbeat_interval"], "lease_ttl", opts["lease_ttl"]
             )
-        if weight > checked_limit:
+        caps = config.queue_limits_map("queue_limits", queue_limits) or {}
+        names: list[object] = list(name) if isinstance(name, (list, tuple)) else [name]
+        if not names:
+            raise ValueError(f"{where}: name=[] is not accepted: give at least one semaphore name")
+        limits = _per_name("limit", limit, names, where)
+        weights = _per_name("weight", weight, names, where)
+        members = tuple(
+            _member(n, lim, w, caps, where)
+            for n, lim, w in zip(names, limits, weights, strict=True)
+        )
+        _check_distinct(members, where)
+        return cls(
+            members,
+            opts,
+            _partition_rule(partition),
+            config.queue_weights_map("queue_weights", queue_weights) or {},
+        )
+
+    def combine(self, other: LimitSpec, where: str) -> LimitSpec:
+        """This spec and ``other`` (another ``@limited`` on the same task): one task taking
+        the semaphores of both at once.  Options given in both must agree."""
+        members = self.members + other.members
+        _check_distinct(members, where)
+        options = dict(self.options)
+        for key, value in other.options.items():
+            if key in options and options[key] != value:
+                raise TypeError(
+                    f"{where}: {key}={value!r} here but {key}={options[key]!r} on the other "
+                    f"@limited of this task; the task waits and holds all its semaphores "
+                    f"together, so give {key} once (on either) or the same on both"
+                )
+            options[key] = value
+        partition = self.partition
+        if other.partition is not QUEUE:
+            if partition is not QUEUE and partition != other.partition:
+                raise TypeError(
+                    f"{where}: partition={other.partition!r} here but "
+                    f"partition={partition!r} on the other @limited of this task; a task waits "
+                    f"in one partition: give partition once, or the same on both"
+                )
+            partition = other.partition
+        weights = dict(self.queue_weights)
+        for part, weight in other.queue_weights.items():
+            if weights.get(part, weight) != weight:
+                raise TypeError(
+                    f"{where}: queue_weights[{part!r}]={weight} here but {weights[part]} on the "
+                    f"other @limited of this task; a partition has one weight per task"
+                )
+            weights[part] = weight
+        return LimitSpec(members, options, partition, weights)
+
+    def check_parameters(self, fun: Callable[..., Any], where: str) -> None:
+        """Every template placeholder must be a parameter of the task function ``fun``."""
+        params, var_kw = parameters(fun)
+        for member in self.members:
+            if member.template is not None:
+                member.template.check("name", params, var_kw, where)
+        if isinstance(self.partition, Template):
+            self.partition.check("partition", params, var_kw, where)
+
+
+def _per_name(param: str, value: object, names: list[object], where: str) -> list[object]:
+    """One value for every name, or a dict with an entry per name (several semaphores)."""
+    if not isinstance(value, Mapping):
+        return [value] * len(names)
+    if len(names) == 1 and not isinstance(names[0], str):
+        return [value]  # let the member's own check say what is wrong
+    missing = [n for n in names if n not in value]
+    extra = [k for k in value if k not in names]
+    if missing or extra:
+        raise ValueError(
+            f"{where}: {param}={dict(value)!r} is not accepted: "
+            + (f"no entry for {', '.join(map(repr, missing))}" if missing else "")
+            + ("; " if missing and extra else "")
+            + (f"{', '.join(map(repr, extra))} is not one of the names" if extra else "")
+            + f"; give {param}=<int> for every semaphore, or a dict with one entry per name"
+        )
+    return [value[n] for n in names]
+
+
+def _check_distinct(members: tuple[Member, ...], where: str) -> None:
+    seen: set[str] = set()
+    for member in members:
+        if not member.dynamic_name and member.name in seen:
             raise ValueError(
-                f"{where}: weight={weight} is not accepted with limit={checked_limit}: use a "
+                f"{where}: semaphore {member.name!r} is named twice; a task takes each "
+                "semaphore once (use weight= to take more of its units)"
+            )
+        seen.add(member.name)
+
+
+def _member(
+    name: object, limit: object, weight: object, caps: Mapping[str, int], where: str
+) -> Member:
+    checked_limit = _validate.positive_int("limit", limit)
+    template: Template | None = None
+    name_fn: ArgsFn | None = None
+    if callable(name):
+        name_fn = name
+        shown = f"<{getattr(name, '__qualname__', type(name).__name__)}>"
+    else:
+        shown = _validate.name("name", name)
+        template = Template.parse("name", shown)
+    weight_fn: ArgsFn | None = None
+    if callable(weight):
+        weight_fn, static = weight, 1
+    else:
+        static = _validate.positive_int("weight", weight)
+        if static > checked_limit:
+            raise ValueError(
+                f"{where}: weight={static} is not accepted with limit={checked_limit}: use a "
                 f"weight from 1 to {checked_limit}"
             )
-        return cls(checked_name, checked_limit, weight, opts)
+        for part, cap in caps.items():
+            if static > cap:
+                raise ValueError(
+                    f"{where}: weight={static} is not accepted with queue_limits[{part!r}]="
+                    f"{cap}: a run would never fit; use a cap of at least {static}"
+                )
+    return Member(shown, checked_limit, static, template, name_fn, weight_fn, dict(caps))
+
+
+def _partition_rule(value: object) -> PartitionRule:
+    if value is QUEUE or value is None:
+        return value
+    if callable(value):
+        return value
+    if isinstance(value, str):
+        return Template.parse("partition", value)
+    raise TypeError(
+        f"partition must be a template str (e.g. '{{tenant_id}}'), a callable receiving the "
+        f"bound arguments, or None (one line for all), got {type(value).__name__} {value!r}"
+    )

@@ -17,7 +17,10 @@ Class attributes (each ``semaphore_<option>`` accepts the task options of
 :mod:`celery_semaphore.config`):
 
 * ``semaphore_name`` (str, required) and ``semaphore_limit`` (int >= 1, required);
-* ``semaphore_weight`` (int, default 1): units each run takes;
+* ``semaphore_weight`` (int, or a callable of the bound arguments; default 1): units each run
+  takes;
+* ``semaphore_partition`` (default: the delivery queue), ``semaphore_queue_limits``,
+  ``semaphore_queue_weights``: fair sharing between partitions, as the ``@limited`` options;
 * ``semaphore_lease_ttl``, ``semaphore_heartbeat_interval``, ``semaphore_retry_backoff``,
   ``semaphore_retry_backoff_max``, ``semaphore_retry_jitter``, ``semaphore_max_wait``,
   ``semaphore_wait_timeout``, ``semaphore_standby``, ``semaphore_on_lease_lost``: override the
@@ -34,14 +37,14 @@ from typing import Any, ClassVar
 
 from celery import Task
 
-from .config import OPTIONS
+from .config import OPTIONS, SPEC_OPTIONS
 from .decorators import SPEC_ATTR
 from .runtime import run_limited
-from .spec import LimitSpec
+from .spec import QUEUE, LimitSpec
 
 __all__ = ["LimitedTask"]
 
-_OPTION_ATTRS = {f"semaphore_{name}": name for name in [*OPTIONS, "weight"]}
+_OPTION_ATTRS = {f"semaphore_{name}": name for name in [*OPTIONS, *SPEC_OPTIONS]}
 
 
 class LimitedTask(Task):  # type: ignore[misc]
@@ -49,6 +52,8 @@ class LimitedTask(Task):  # type: ignore[misc]
 
     semaphore_name: ClassVar[str | None] = None
     semaphore_limit: ClassVar[int | None] = None
+    #: QUEUE (the default: one line per delivery queue), None (one line), a template or callable
+    semaphore_partition: ClassVar[Any] = QUEUE
     _semaphore_spec: ClassVar[LimitSpec | None] = None
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
@@ -75,7 +80,7 @@ class LimitedTask(Task):  # type: ignore[misc]
         options = {
             opt: getattr(cls, attr)
             for attr, opt in _OPTION_ATTRS.items()
-            if getattr(cls, attr, None) is not None
+            if getattr(cls, attr, None) is not None or opt == "partition"
         }
         unknown = sorted(
             a
@@ -90,6 +95,8 @@ class LimitedTask(Task):  # type: ignore[misc]
                 f"semaphore_name, semaphore_limit, {', '.join(sorted(_OPTION_ATTRS))}"
             )
         spec = LimitSpec.build(cls.semaphore_name, cls.semaphore_limit, options, where=where)
+        body_fun = run.__func__ if isinstance(run, staticmethod) else run
+        spec.check_parameters(body_fun, where)
         cls._semaphore_spec = spec
 
         if isinstance(run, staticmethod):
@@ -99,13 +106,13 @@ class LimitedTask(Task):  # type: ignore[misc]
             def static_run(*args: Any, **kw: Any) -> Any:
                 from celery._state import get_current_task
 
-                return run_limited(get_current_task(), spec, lambda: body(*args, **kw))
+                return run_limited(get_current_task(), spec, lambda: body(*args, **kw), args, kw)
 
             cls.run = staticmethod(static_run)
         else:
 
             @functools.wraps(run)
             def method_run(self: Any, *args: Any, **kw: Any) -> Any:
-                return run_limited(self, spec, lambda: run(self, *args, **kw))
+                return run_limited(self, spec, lambda: run(self, *args, **kw), args, kw)
 
             cls.run = method_run

@@ -29,10 +29,19 @@ __all__ = [
 ]
 
 
-def semaphore_for_known(client: Any, prefix: str, entry: Known) -> Semaphore:
+def semaphore_for_known(
+    client: Any, prefix: str, entry: Known, hash_tag: str | None = None
+) -> Semaphore:
     """A Semaphore object to read (or operate on) ``entry``.  Its limit is the configured one
-    (a runtime override in Redis wins anyway); 1 when nothing is known."""
-    return Semaphore(entry.name, entry.configured_limit or 1, redis=client, key_prefix=prefix)
+    (a runtime override in Redis wins anyway); 1 when nothing is known.  ``hash_tag``: the
+    app's ``semaphore_hash_tag`` (the keys live under it)."""
+    return Semaphore(
+        entry.name,
+        entry.configured_limit or 1,
+        redis=client,
+        key_prefix=prefix,
+        hash_tag=hash_tag,
+    )
 
 
 def limit_info(entry: Known, snap: Snapshot) -> dict[str, Any]:

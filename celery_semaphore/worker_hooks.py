@@ -13,17 +13,18 @@
 from __future__ import annotations
 
 import atexit
-import logging
 import os
 import shutil
 import sys
 import tempfile
 from typing import Any
 
-__all__ = ["on_worker_init"]
+from . import logs
 
-log = logging.getLogger("celery_semaphore.registry")
-log_metrics = logging.getLogger("celery_semaphore.metrics")
+__all__ = ["note_dynamic_name", "on_worker_init"]
+
+log = logs.get("registry")
+log_metrics = logs.get("metrics")
 
 
 def on_worker_init(app: Any, worker: Any = None) -> None:
@@ -36,9 +37,8 @@ def on_worker_init(app: Any, worker: Any = None) -> None:
 
 
 def _record(app: Any, worker: Any) -> None:
-    import redis
-
     from . import config, registry
+    from .connection import redis_client
 
     try:
         uses = registry.app_uses(app)
@@ -46,15 +46,37 @@ def _record(app: Any, worker: Any) -> None:
             return
         prefix = app.conf.get("semaphore_key_prefix", "celery_semaphore")
         node = str(getattr(worker, "hostname", "") or "")
-        client = redis.Redis.from_url(
-            config.redis_url_for(app.conf), socket_connect_timeout=3, socket_timeout=5
-        )
+        settings = config.redis_settings(app.conf)
+        client = redis_client(settings.url, cluster=settings.cluster, options=settings.options)
         try:
             registry.record(client, prefix, uses, settings=registry.app_limits(app), node=node)
         finally:
             client.close()
     except Exception as exc:
-        log.warning("celery-semaphore: could not record this worker's semaphores: %s", exc)
+        log.warning(
+            "celery-semaphore: could not record this worker's semaphores: %s",
+            exc,
+            semaphore=None,
+            task_id=None,
+        )
+
+
+def note_dynamic_name(
+    app: Any, name: str, template: str, task: str, limit: int, weight: int, node: str
+) -> None:
+    """Record a semaphore name made from a task's arguments (``template``) in the registry,
+    the first time this process uses it (called by the task's wrapper in a worker), so
+    ``celery semaphore list`` shows it.  Best effort: a failure is logged at DEBUG."""
+    from . import config, registry
+    from .runtime import client_for
+
+    use = registry.TaskUse(name, task, limit, weight, template=template)
+    prefix = app.conf.get("semaphore_key_prefix", "celery_semaphore")
+    try:
+        client = client_for(config.redis_url_for(app.conf), app.conf)
+        registry.note_used(client, prefix, use, node)
+    except Exception as exc:  # never fail a task over the registry
+        log.debug("could not record a dynamic name: %s", exc, semaphore=name, task_id=None)
 
 
 def _prepare_metrics(app: Any, port: int, address: str) -> None:
@@ -79,6 +101,8 @@ def _prepare_metrics(app: Any, port: int, address: str) -> None:
                 address,
                 port,
                 exc,
+                semaphore=None,
+                task_id=None,
             )
 
     signals.worker_ready.connect(start, weak=False)
@@ -93,7 +117,9 @@ def _ensure_multiprocess_dir() -> None:
         log_metrics.warning(
             "celery-semaphore: prometheus_client was imported before the worker started and "
             "PROMETHEUS_MULTIPROC_DIR is not set: counters of prefork pool processes will not "
-            "be exported; set PROMETHEUS_MULTIPROC_DIR to an empty directory"
+            "be exported; set PROMETHEUS_MULTIPROC_DIR to an empty directory",
+            semaphore=None,
+            task_id=None,
         )
         return
     directory = tempfile.mkdtemp(prefix="celery-semaphore-metrics-")

@@ -1,7 +1,8 @@
 """Standalone demo of the core primitive: 12 threads share a limit of 3.
 
-Run with ``make demo`` (or ``python -m example_project.primitive_demo``).  Uses ``$REDIS_URL``
-when set, else a reachable local Redis, else starts a throwaway ``redis-server``.  Prints a live
+Run with ``python -m example_project --primitive`` (or ``python -m
+example_project.primitive_demo``).  Uses ``$REDIS_URL`` when set, else a reachable local Redis,
+else starts a throwaway ``redis-server``.  Prints a live
 line per second and a summary showing that no more than ``limit`` workers ever held a permit.
 """
 

@@ -20,6 +20,7 @@ LOG_LEVELS = {"warning", "error", "critical", "exception"}
 INTERNAL_RAISES = {
     ("__init__.py", "AttributeError"),  # the module's __getattr__: Python's own error
     ("_scripts.py", "ValueError"),  # an unknown script name: only the package names scripts
+    ("logs.py", "ValueError"),  # an unknown concern: only the package names its loggers
 }
 
 

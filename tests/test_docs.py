@@ -81,8 +81,9 @@ def test_settings_example_sets_every_setting_and_a_worker_accepts_it() -> None:
     defaults = {key: default for key, (default, _, _) in config.APP_SETTINGS.items()}
     defaults.update({o.setting: o.default for o in config.OPTIONS.values()})
     same = {key for key in known if checked[key] == defaults[key]}
-    # an example that shows the default teaches nothing (the two booleans are True by default)
-    assert same <= {"semaphore_enabled", "semaphore_retry_jitter"}
+    # an example that shows the default teaches nothing (the two booleans are True by default;
+    # semaphore_redis_cluster=True would need cluster nodes, the example's URL is one server)
+    assert same <= {"semaphore_enabled", "semaphore_retry_jitter", "semaphore_redis_cluster"}
 
 
 def test_django_settings_block_is_accepted_under_the_celery_namespace() -> None:
@@ -113,13 +114,36 @@ def test_options_reference_matches_the_code() -> None:
         for line in text.splitlines()
         if (m := re.match(r"\| `([a-z_]+)` \| `semaphore_", line))
     }
-    assert set(rows) == set(config.OPTIONS) | {"weight"}, "docs/options.md's table"
+    assert set(rows) == set(config.OPTIONS) | set(config.SPEC_OPTIONS), "docs/options.md's table"
     for opt in [*config.OPTIONS.values(), config.Option("weight", 1, lambda p, v: v, "")]:
         row = rows[opt.name]
         assert f"| `{opt.setting}` |" in row, f"{opt.name}: LimitedTask attribute"
         shown = repr(opt.default) if not isinstance(opt.default, str) else f'"{opt.default}"'
         assert f"`{shown}`" in row, f"{opt.name}: default {shown} not in {row!r}"
     attrs = set(re.findall(r"`(semaphore_[a-z_]+)`", text)) - {"semaphore_name", "semaphore_limit"}
-    assert attrs <= {f"semaphore_{name}" for name in [*config.OPTIONS, "weight"]} | {
+    assert attrs <= {f"semaphore_{name}" for name in [*config.OPTIONS, *config.SPEC_OPTIONS]} | {
         "semaphore_limits"
     }
+
+
+@pytest.mark.parametrize(
+    "needle", ["semaphore_redis_cluster=True", '"master_name": "mymaster"', "rediss://celery-app"]
+)
+def test_deployment_recipes_are_settings_a_worker_accepts(
+    needle: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The Redis Cluster, Sentinel and TLS recipes: exactly what a worker checks at start
+    (their certificate files are the reader's, so only the TLS files' existence is assumed)."""
+    app = _exec_app_block(_block_with("recipes.md", needle))
+    monkeypatch.setattr("os.path.isfile", lambda path: True)
+    config.validate_app_settings(app.conf, None)
+    settings = config.redis_settings(app.conf)
+    assert settings.url == app.conf.semaphore_redis_url
+
+
+def test_the_acl_recipe_is_the_rule_the_tls_test_runs_a_worker_with() -> None:
+    recipe = (ROOT / "docs" / "recipes.md").read_text()
+    rule = "resetchannels +@all -@admin -@dangerous"
+    assert f"ACL SETUSER celery-app on >app-password ~celery_semaphore:* {rule}" in recipe
+    test = (ROOT / "tests" / "deploy" / "test_tls_acl.py").read_text()
+    assert '"resetchannels",\n        "+@all",\n        "-@admin",\n        "-@dangerous",' in test

@@ -7,19 +7,33 @@
 --                           'w:'..ticket  a waiter's place in line
 --                           'd:'..token   a tombstone set aside by a new grant (see grant())
 --   KEYS[2] state   HASH  counters:  used (units held), seq (arrival counter),
---                                    fence (grant counter), limit_override (runtime limit, optional)
+--                                    fence (grant counter), limit_override (runtime limit, optional),
+--                                    pused (units held by partitions other than '')
 --                         'h:'..token   a holder:  "<weight> <fence> <acquired ms> <aside>
---                                                   <#claim> <claim><owner>"
+--                                                   <#claim> <#partition> <claim><partition><owner>"
 --                                       (aside: 1 when its grant set a tombstone aside)
 --                         'w:'..ticket  a waiter:  "<weight> <since ms> <epoch> <woken ms> <grace ms>
---                                                   <#data> <data><owner>"
+--                                                   <seq> <#partition> <#data>
+--                                                   <partition><data><owner>"
+--                         'p:'..name    a partition: "<used> <cap> <weight>" (cap -1: none);
+--                                       present while the partition has holders or waiters
+--                                       (for '' only when its cap or weight is not the default;
+--                                       its used is then 0 here: used - pused is what it holds)
 --                         (#x is the length of x in bytes; owner is JSON text, stored as given and
 --                         never parsed here; data is the wake data, '' for a blocked waiter)
---   KEYS[3] line    ZSET  ticket -> arrival sequence number (FIFO order)
+--   KEYS[3] line    ZSET  all scores 0, so ordered by member, which is
+--                           <#partition, 4 digits><partition><seq, 15 digits><ticket>
+--                         : grouped by partition, FIFO (arrival number) within one.  One
+--                         ZRANGEBYLEX finds the head of a partition, or of the next partition.
 -- A holder has its 'h:' member in expiry and its 'h:' field in state; a waiter its 'w:' member,
--- its 'w:' field and its ticket in line; every script adds and removes them together.  A release
+-- its 'w:' field and its member in line; every script adds and removes them together.  A release
 -- deletes the holder's field and turns its member into the tombstone (new score), so a tombstone
--- is a member of expiry only, and the state hash holds only live holders and waiters.
+-- is a member of expiry only, and the state hash holds only live holders, waiters and the records
+-- of partitions that have either.
+--
+-- Fair sharing (see entitled()): free units go to the partition with waiters whose units held
+-- per unit of partition weight (used_p / weight_p) is the lowest, one head waiter at a time;
+-- FIFO within a partition; a partition never holds more than its cap.
 --
 -- ARGV: each script documents its own; the Python side appends one more to every call, last:
 --   ARGV[#ARGV] dispatch  '1' when the caller can wake parked waiters (it has an on_wake
@@ -40,8 +54,26 @@ local CAN_DISPATCH = ARGV[#ARGV] == '1'
 
 -- Set by begin(), then kept current by the script: server time (ms, and the same as text),
 -- units held, the runtime limit override (false when none), waiters in line, holders reclaimed
--- by this call.
+-- by this call, units held by partitions other than '', the record of partition '' (false: the
+-- default, no cap and weight 1).
 local now, now_text, used, limit_override, waiting, reclaimed = 0, '0', 0, false, 0, 0
+local pused, default_record = 0, false
+
+-- Group scripts work on several semaphores, three KEYS each (member i: KEYS[3i-2 .. 3i]); use(i)
+-- makes member i the one every function here works on, keeping each member's counters.
+local members, current = {}, 1
+local function use(i)
+  if i == current then return end
+  members[current] = {used, limit_override, waiting, reclaimed, pused, default_record}
+  K_EXP, K_STATE, K_LINE = KEYS[3 * i - 2], KEYS[3 * i - 1], KEYS[3 * i]
+  local saved = members[i]
+  if saved then
+    used, limit_override, waiting, reclaimed, pused, default_record = unpack(saved, 1, 6)
+  else
+    used, limit_override, waiting, reclaimed, pused, default_record = 0, false, 0, 0, 0, false
+  end
+  current = i
+end
 
 -- Server time in integer ms, as a number and as text.  Built from TIME's digits: Lua's
 -- number-to-text conversion is slow next to everything else the fast paths do.
@@ -51,41 +83,150 @@ local function now_ms()
   return tonumber(text), text
 end
 
+-- The line member's prefix for a partition (every member of it starts with this, and no
+-- member of another partition does: the length comes first).
+local function part_prefix(part)
+  return string.format('%04d', #part) .. part
+end
+
+local function line_member(part, seq, ticket)
+  return part_prefix(part) .. string.format('%015d', seq) .. ticket
+end
+
+-- partition, seq, ticket and prefix of a line member
+local function split_member(member)
+  local n = tonumber(string.sub(member, 1, 4))
+  return string.sub(member, 5, 4 + n), tonumber(string.sub(member, 5 + n, 19 + n)),
+    string.sub(member, 20 + n), string.sub(member, 1, 4 + n)
+end
+
+local function part_has_waiters(part)
+  local pre = part_prefix(part)
+  return redis.call('ZRANGEBYLEX', K_LINE, '[' .. pre, '(' .. pre .. '\255', 'LIMIT', 0, 1)[1]
+    ~= nil
+end
+
+-- A partition record: used, cap (false: none), weight.
+local function parse_part(raw)
+  if not raw then return 0, false, 1 end
+  local u, c, w = string.match(raw, '^(%S+) (%S+) (%S+)$')
+  c = tonumber(c)
+  if c < 0 then c = false end
+  return tonumber(u), c, tonumber(w)
+end
+
+local function set_pused(value)
+  pused = value
+  if value > 0 then
+    redis.call('HSET', K_STATE, 'pused', value)
+  else
+    redis.call('HDEL', K_STATE, 'pused')
+  end
+end
+
+-- `part` gave back `units` held units (used and pused are the caller's business), and may have
+-- lost its last waiter: keep its record only while it has holders or waiters.
+local function part_changed(part, units)
+  if part == '' then
+    if default_record and used - pused <= 0 and not part_has_waiters('') then
+      redis.call('HDEL', K_STATE, 'p:')
+      default_record = false
+    end
+    return
+  end
+  local field = 'p:' .. part
+  local raw = redis.call('HGET', K_STATE, field)
+  if not raw then return end
+  local u, c, w = parse_part(raw)
+  u = math.max(0, u - units)
+  if u == 0 and not part_has_waiters(part) then
+    redis.call('HDEL', K_STATE, field)
+  elseif units > 0 then
+    redis.call('HSET', K_STATE, field, u .. ' ' .. (c or -1) .. ' ' .. w)
+  end
+end
+
+-- A holder's state field: weight, fence, claim, aside, partition (the owner is never needed).
+local function parse_holder(raw)
+  local w, f, aside, n, np, p = string.match(raw, '^(%d+) (%S+) %S+ ([01]) (%d+) (%d+) ()')
+  local stop = p + tonumber(n)
+  return tonumber(w), tonumber(f), string.sub(raw, p, stop - 1), aside == '1',
+    string.sub(raw, stop, stop + tonumber(np) - 1)
+end
+
+-- (weight as text, as the caller sent it; the usual empty claim and partition spare a number
+-- conversion)
+local function encode_holder(weight_text, fence, aside, claim, part, owner)
+  local n = claim == '' and '0' or #claim
+  local np = part == '' and '0' or #part
+  return weight_text .. ' ' .. fence .. ' ' .. now_text .. ' ' .. aside .. ' ' .. n .. ' '
+    .. np .. ' ' .. claim .. part .. owner
+end
+
+local function parse_waiter(raw)
+  local w, since, e, wk, g, seq, np, n, p =
+    string.match(raw, '^(%d+) (%S+) (%S+) (%S+) (%S+) (%d+) (%d+) (%d+) ()')
+  local pstop = p + tonumber(np)
+  local stop = pstop + tonumber(n)
+  return {w = tonumber(w), since = since, e = tonumber(e), wk = tonumber(wk), g = tonumber(g),
+          seq = tonumber(seq), p = string.sub(raw, p, pstop - 1),
+          d = string.sub(raw, pstop, stop - 1), o = string.sub(raw, stop)}
+end
+
+local function encode_waiter(info)
+  return info.w .. ' ' .. info.since .. ' ' .. info.e .. ' ' .. info.wk .. ' ' .. info.g .. ' '
+    .. info.seq .. ' ' .. #info.p .. ' ' .. #info.d .. ' ' .. info.p .. info.d .. info.o
+end
+
 -- Take back the units of holders whose lease ran out, forget waiters whose place expired, and
 -- drop old tombstones: the `expired` members (vals: begin()'s HMGET reply for `...`, its
--- fields; those just removed are set to false there).  Reads first, like begin().
+-- fields; those just removed are set to false there, and partition records re-read).  Reads
+-- first, like begin().
 local function reclaim(expired, vals, ...)
   local raws = redis.call('HMGET', K_STATE, unpack(expired))
-  local freed, tickets, gone = 0, {}, {}
+  local freed, members, gone = 0, {}, {}
+  local parts, part_freed = {}, 0  -- partition -> units freed (0: lost a waiter)
   for i, member in ipairs(expired) do
     gone[member] = true
     local kind, raw = string.sub(member, 1, 2), raws[i]
     if kind == 'h:' then
       if raw then  -- a holder whose lease ran out (without a field: a tombstone's time is up)
         reclaimed = reclaimed + 1
-        freed = freed + tonumber(string.match(raw, '^%d+'))
+        local w, _, _, _, part = parse_holder(raw)
+        freed = freed + w
+        parts[part] = (parts[part] or 0) + w
+        if part ~= '' then part_freed = part_freed + w end
       end
-    elseif kind == 'w:' then
-      tickets[#tickets + 1] = string.sub(member, 3)
+    elseif kind == 'w:' and raw then
+      local info = parse_waiter(raw)
+      members[#members + 1] = line_member(info.p, info.seq, string.sub(member, 3))
+      parts[info.p] = parts[info.p] or 0
     end
   end
   redis.call('ZREM', K_EXP, unpack(expired))
   redis.call('HDEL', K_STATE, unpack(expired))
-  if #tickets > 0 then waiting = waiting - redis.call('ZREM', K_LINE, unpack(tickets)) end
+  if #members > 0 then waiting = waiting - redis.call('ZREM', K_LINE, unpack(members)) end
   if freed > 0 then
     used = math.max(0, used - freed)
     redis.call('HSET', K_STATE, 'used', used)
   end
+  if part_freed > 0 then set_pused(math.max(0, pused - part_freed)) end
+  for part, units in pairs(parts) do part_changed(part, units) end
   local fields = {...}
   for i = 1, #fields do
-    if gone[fields[i]] then vals[i + 2] = false end
+    local f = fields[i]
+    if gone[f] then
+      vals[i + 4] = false
+    elseif string.sub(f, 1, 2) == 'p:' and parts[string.sub(f, 3)] then
+      vals[i + 4] = redis.call('HGET', K_STATE, f)
+    end
   end
 end
 
 -- The first thing every script does.  Reads the three keys (see "Foreign data" above), the
--- counters and the state fields `...` (at most three) the script asks for; then reclaims what
--- has expired: at most 64 entries per call (the next call continues), and nothing more than one
--- count when nothing has.  Returns the values of `...`, false where absent (or just reclaimed).
+-- counters and the state fields `...` the script asks for; then reclaims what has expired: at
+-- most 64 entries per call (the next call continues), and nothing more than one count when
+-- nothing has.  Returns the values of `...`, false where absent (or just reclaimed).
 local function begin(...)
   now, now_text = now_ms()
   -- counting is cheaper than an empty range, and usually nothing has expired
@@ -93,13 +234,15 @@ local function begin(...)
   if redis.call('ZCOUNT', K_EXP, '-inf', now_text) > 0 then
     expired = redis.call('ZRANGEBYSCORE', K_EXP, '-inf', now_text, 'LIMIT', 0, 64)
   end
-  local vals = redis.call('HMGET', K_STATE, 'used', 'limit_override', ...)
+  local vals = redis.call('HMGET', K_STATE, 'used', 'limit_override', 'pused', 'p:', ...)
   waiting = redis.call('ZCARD', K_LINE)
   -- all three keys have been read: from here on, writes are safe
   used = tonumber(vals[1]) or 0
   limit_override = vals[2]
+  pused = tonumber(vals[3]) or 0
+  default_record = vals[4]
   if expired then reclaim(expired, vals, ...) end
-  return vals[3], vals[4], vals[5]
+  return unpack(vals, 5, 4 + select('#', ...))
 end
 
 local function effective_limit(client_limit)
@@ -107,40 +250,15 @@ local function effective_limit(client_limit)
   return client_limit
 end
 
--- A holder's state field: weight, fence, claim, aside (the owner is never needed here).
-local function parse_holder(raw)
-  local w, f, aside, n, p = string.match(raw, '^(%d+) (%S+) %S+ ([01]) (%d+) ()')
-  return tonumber(w), tonumber(f), string.sub(raw, p, p + tonumber(n) - 1), aside == '1'
-end
-
--- (weight as text, as the caller sent it; the usual empty claim spares a number conversion)
-local function encode_holder(weight_text, fence, aside, claim, owner)
-  local n = claim == '' and '0' or #claim
-  return weight_text .. ' ' .. fence .. ' ' .. now_text .. ' ' .. aside .. ' ' .. n .. ' '
-    .. claim .. owner
-end
-
-local function parse_waiter(raw)
-  local w, since, e, wk, g, n, p =
-    string.match(raw, '^(%d+) (%S+) (%S+) (%S+) (%S+) (%d+) ()')
-  local stop = p + tonumber(n) - 1
-  return {w = tonumber(w), since = since, e = tonumber(e), wk = tonumber(wk), g = tonumber(g),
-          d = string.sub(raw, p, stop), o = string.sub(raw, stop + 1)}
-end
-
-local function encode_waiter(info)
-  return info.w .. ' ' .. info.since .. ' ' .. info.e .. ' ' .. info.wk .. ' ' .. info.g .. ' '
-    .. #info.d .. ' ' .. info.d .. info.o
-end
-
 -- Grant `weight` units to `ticket` (weight_text: the same, as sent; fence: the grant counter
--- before this grant).  Returns the new fencing token and lease expiry.
+-- before this grant) in partition `part`, whose record (for a partition other than '') is
+-- `record` = {used, cap, weight}.  Returns the new fencing token and lease expiry.
 --
 -- When the ticket was released recently, its 'h:' member is its tombstone, which the lease
 -- must not overwrite: the tombstone is set aside as member 'd:'..ticket, same expiry, and the
 -- holder remembers that (aside), so that its own release replaces it (the latest release's
 -- tombstone is the one that counts, as if each release overwrote one tombstone per token).
-local function grant(ticket, weight, weight_text, claim, owner, lease_ms, fence)
+local function grant(ticket, weight, weight_text, claim, owner, lease_ms, fence, part, record)
   fence = fence + 1
   used = used + weight
   local expiry = now + lease_ms
@@ -150,8 +268,15 @@ local function grant(ticket, weight, weight_text, claim, owner, lease_ms, fence)
     redis.call('ZADD', K_EXP, redis.call('ZSCORE', K_EXP, 'h:' .. ticket), 'd:' .. ticket)
     redis.call('ZADD', K_EXP, expiry, 'h:' .. ticket)
   end
-  redis.call('HSET', K_STATE, 'used', used, 'fence', fence,
-    'h:' .. ticket, encode_holder(weight_text, fence, aside, claim, owner))
+  local holder = encode_holder(weight_text, fence, aside, claim, part, owner)
+  if part == '' then
+    redis.call('HSET', K_STATE, 'used', used, 'fence', fence, 'h:' .. ticket, holder)
+  else
+    pused = pused + weight
+    record[1] = record[1] + weight
+    redis.call('HSET', K_STATE, 'used', used, 'fence', fence, 'h:' .. ticket, holder,
+      'pused', pused, 'p:' .. part, record[1] .. ' ' .. record[2] .. ' ' .. record[3])
+  end
   return fence, expiry
 end
 
@@ -160,40 +285,247 @@ local function tombstone(token)
   return redis.call('ZSCORE', K_EXP, 'h:' .. token) or redis.call('ZSCORE', K_EXP, 'd:' .. token)
 end
 
-local function drop_waiter(ticket)
-  waiting = waiting - redis.call('ZREM', K_LINE, ticket)
+-- Remove the waiter `ticket` (its parsed state field: `info`) from the line.
+local function drop_waiter(ticket, info)
+  waiting = waiting - redis.call('ZREM', K_LINE, line_member(info.p, info.seq, ticket))
   redis.call('ZREM', K_EXP, 'w:' .. ticket)
   redis.call('HDEL', K_STATE, 'w:' .. ticket)
+  part_changed(info.p, 0)
 end
 
--- The waiters that the free units belong to, in FIFO order.  Strict FIFO: when the head does
--- not fit, nobody behind it may pass, so a heavy waiter is never overtaken by a stream of light
--- ones.  A waiter heavier than the whole limit can never fit and is skipped (its own next
--- attempt reports the error).  Returns a list of {ticket, info-table}.
-local function entitled(limit, units_used)
+-- The partition's record takes this acquirer's cap (-1: none) and weight (the last writer's
+-- count); the default partition has one only when they are not the defaults (written here),
+-- another partition always (its used count too: written by store_record() or grant()).
+-- part_raw: its record as read.  Returns the record table for grant() (nil for '') and the
+-- units the partition holds.
+local function partition_record(part, part_raw, cap, part_weight)
+  if part ~= '' then
+    local part_used = parse_part(part_raw)
+    return {part_used, cap, part_weight}, part_used
+  end
+  if cap < 0 and part_weight == 1 then
+    if part_raw then
+      redis.call('HDEL', K_STATE, 'p:')
+      default_record = false
+    end
+  else
+    local wanted = '0 ' .. cap .. ' ' .. part_weight
+    if part_raw ~= wanted then
+      redis.call('HSET', K_STATE, 'p:', wanted)
+      default_record = wanted
+    end
+  end
+  return nil, used - pused
+end
+
+local function store_record(part, part_raw, record)
+  if not record then return end
+  local wanted = record[1] .. ' ' .. record[2] .. ' ' .. record[3]
+  if part_raw ~= wanted then redis.call('HSET', K_STATE, 'p:' .. part, wanted) end
+end
+
+-- Put `ticket` in line (info: its parsed waiter field when it has a place already, else
+-- false), or update its place; returns its waiter info.
+local function enqueue(ticket, info, weight, epoch, owner, data, grace, part)
+  local moved_from = false
+  if info then
+    -- a changed waiter is named again in a later wake-up (with its new data), unless it was
+    -- named just now: then this call is it coming for its units
+    if (info.d ~= data or info.e ~= epoch) and now - info.wk >= info.g then info.wk = 0 end
+    if info.p ~= part then  -- the ticket comes back in another partition: same arrival number
+      redis.call('ZREM', K_LINE, line_member(info.p, info.seq, ticket))
+      redis.call('ZADD', K_LINE, 0, line_member(part, info.seq, ticket))
+      moved_from = info.p
+    end
+    info.w, info.e, info.o, info.d, info.g, info.p = weight, epoch, owner, data, grace, part
+  else
+    local seq = redis.call('HINCRBY', K_STATE, 'seq', 1)
+    info = {w = weight, since = now_text, e = epoch, o = owner, d = data, wk = 0, g = grace,
+            seq = seq, p = part}
+    redis.call('ZADD', K_LINE, 0, line_member(part, seq, ticket))
+    waiting = waiting + 1
+  end
+  redis.call('HSET', K_STATE, 'w:' .. ticket, encode_waiter(info))
+  if moved_from then part_changed(moved_from, 0) end
+  return info
+end
+
+-- The waiter's position in its partition's line (0: the head).
+local function position(ticket, info)
+  return redis.call('ZLEXCOUNT', K_LINE, '[' .. part_prefix(info.p),
+    '(' .. line_member(info.p, info.seq, ticket))
+end
+
+-- Release the holder `token` (held: its state field, or false).  Returns 1 released now,
+-- 2 released already (tombstone), 0 not held, 3 held under another claim (claim '' matches
+-- any).
+local function release_holder(token, held, claim, tomb_ms)
+  if not held then
+    if tombstone(token) then return 2 end
+    return 0
+  end
+  local weight, _, held_claim, aside, part = parse_holder(held)
+  if claim ~= '' and held_claim ~= claim then return 3 end
+  -- the holder's member becomes the tombstone (tombstone_ms 0: gone at the next call)
+  used = math.max(0, used - weight)
+  redis.call('HSET', K_STATE, 'used', used)
+  redis.call('HDEL', K_STATE, 'h:' .. token)
+  redis.call('ZADD', K_EXP, now + tomb_ms, 'h:' .. token)
+  if aside then redis.call('ZREM', K_EXP, 'd:' .. token) end  -- this release's counts now
+  if part ~= '' then set_pused(math.max(0, pused - weight)) end
+  if part ~= '' or default_record then part_changed(part, weight) end
+  return 1
+end
+
+-- The waiters that the free units belong to, in the order they are served.
+--
+-- Waiters named in a wake-up less than their wake grace ago come first (each keeps the units it
+-- was named for).  Then the rule (docs/concepts.md, "Fair sharing"): among the partitions with
+-- waiters, the next
+-- units go to the one furthest below its fair share: the lowest used_p / weight_p (units it
+-- holds, counting those handed out in this very computation, per unit of partition weight;
+-- that is used_p / share_p with share_p = limit * weight_p / sum of the weights, the same
+-- order), ties to the partition whose head arrived first.  That partition's head waiter:
+--   * is skipped when it can never fit (heavier than the limit or the partition's cap; its own
+--     next attempt reports the error);
+--   * when the partition's cap leaves no room for it, the partition is served no more now;
+--   * when it does not fit in the free units: if it has waited at least `aging` ms since it
+--     joined the line, the free units are reserved for it and nobody else is served (they
+--     collect until it fits); otherwise its partition is served no more now and the others go
+--     on (work-conserving: they may use units this heavy head cannot);
+--   * else it is served, and the choice is made again.
+-- Within a partition the line is strict FIFO.  With one partition this is the plain FIFO line.
+-- Returns a list of {ticket, info-table}.
+--
+-- Cost: one ZRANGEBYLEX per 16 waiters looked at and per partition with waiters, and one HMGET
+-- per 16 waiters looked at.
+local function entitled(limit, aging)
   local out = {}
-  local free = limit - units_used
-  if waiting <= 0 then return out end
-  local start = 0
+  local free = limit - used
+  if waiting <= 0 or free <= 0 then return out end
+  -- the partitions with waiters, each with its first batch of line members
+  local parts, fields = {}, {}
+  local from = '-'
+  while true do
+    local batch = redis.call('ZRANGEBYLEX', K_LINE, from, '+', 'LIMIT', 0, 16)
+    local last
+    for _, member in ipairs(batch) do
+      local part, seq, ticket, pre = split_member(member)
+      if not last or last.pre ~= pre then
+        last = {name = part, pre = pre, members = {}, at = 1, done = false}
+        parts[#parts + 1] = last
+        fields[#fields + 1] = 'p:' .. part
+      end
+      last.members[#last.members + 1] = {seq, ticket}
+      last.tail = member
+    end
+    if #batch < 16 then break end
+    last.more = true  -- it may have more members than this batch holds
+    from = '(' .. last.pre .. '\255'
+  end
+  if #parts == 0 then return out end
+  local records = redis.call('HMGET', K_STATE, unpack(fields))
+  for i, p in ipairs(parts) do
+    local u, c, w = parse_part(records[i])
+    if p.name == '' then u = used - pused end
+    p.used, p.cap, p.w = u, c, w
+  end
+
+  -- the head waiter of a partition: {seq, ticket, info}, false when it has no more
+  local function head(p)
+    local members = p.members
+    if p.at > #members then
+      if not p.more then return false end
+      members = {}
+      local batch = redis.call('ZRANGEBYLEX', K_LINE, '(' .. p.tail, '(' .. p.pre .. '\255',
+        'LIMIT', 0, 16)
+      for _, member in ipairs(batch) do
+        local _, seq, ticket = split_member(member)
+        members[#members + 1] = {seq, ticket}
+        p.tail = member
+      end
+      p.members, p.at, p.more = members, 1, #batch == 16
+      if #members == 0 then return false end
+    end
+    local entry = members[p.at]
+    if entry[3] == nil then  -- load the waiter fields of this batch, from here on
+      local wanted = {}
+      for i = p.at, #members do wanted[#wanted + 1] = 'w:' .. members[i][2] end
+      local raws = redis.call('HMGET', K_STATE, unpack(wanted))
+      for i = p.at, #members do
+        local raw = raws[i - p.at + 1]
+        members[i][3] = raw and parse_waiter(raw) or false
+      end
+    end
+    return entry
+  end
+
+  -- the head waiter of a partition, passing over line members without a field (cannot happen)
+  local function live_head(p)
+    local h = head(p)
+    while h and not h[3] do
+      p.at = p.at + 1
+      h = head(p)
+    end
+    return h
+  end
+
+  local function serve(p, h)
+    out[#out + 1] = {h[2], h[3]}
+    free = free - h[3].w
+    p.used = p.used + h[3].w
+    p.at = p.at + 1
+  end
+
+  -- First, waiters named in a wake-up less than their wake grace ago keep the units they were
+  -- named for: they are on their way, and a newcomer in another partition does not take those
+  -- units back.  (They stand at the front of their lines: they were entitled when named.)
+  for _, p in ipairs(parts) do
+    while free > 0 do
+      local h = live_head(p)
+      if not h then break end
+      local info = h[3]
+      local w = info.w
+      if w > limit or (p.cap and w > p.cap) then
+        p.at = p.at + 1  -- can never fit
+      elseif info.wk == 0 or now - info.wk >= info.g or w > free
+          or (p.cap and p.used + w > p.cap) then
+        break
+      else
+        serve(p, h)
+      end
+    end
+  end
+
+  -- Then the fair-share order.
   while free > 0 do
-    local batch = redis.call('ZRANGE', K_LINE, start, start + 15)
-    if #batch == 0 then break end
-    local fields = {}
-    for i, ticket in ipairs(batch) do fields[i] = 'w:' .. ticket end
-    local raws = redis.call('HMGET', K_STATE, unpack(fields))
-    for i, ticket in ipairs(batch) do
-      local raw = raws[i]
-      if raw then
-        local info = parse_waiter(raw)
-        if info.w <= limit then
-          if info.w > free then return out end
-          free = free - info.w
-          out[#out + 1] = {ticket, info}
-          if free <= 0 then return out end
+    local best, best_head
+    for _, p in ipairs(parts) do
+      if not p.done then
+        local h = live_head(p)
+        if not h then
+          p.done = true
+        elseif not best then
+          best, best_head = p, h
+        else
+          local x, y = p.used * best.w, best.used * p.w
+          if x < y or (x == y and h[1] < best_head[1]) then best, best_head = p, h end
         end
       end
     end
-    start = start + 16
+    if not best then break end
+    local info = best_head[3]
+    local w = info.w
+    if w > limit or (best.cap and w > best.cap) then
+      best.at = best.at + 1  -- can never fit
+    elseif best.cap and best.used + w > best.cap then
+      best.done = true
+    elseif w > free then
+      if now - tonumber(info.since) >= aging then break end
+      best.done = true
+    else
+      serve(best, best_head)
+    end
   end
   return out
 end

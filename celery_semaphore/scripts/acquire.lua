@@ -1,10 +1,11 @@
--- acquire: grant a permit to `ticket` if the free units are its by FIFO order, else keep (or
--- refuse) its place in line.  Idempotent per (ticket, claim): a re-sent call whose first reply
+-- acquire: grant a permit to `ticket` if the free units are its (FIFO within its partition, fair
+-- shares across partitions: see entitled() in _lib.lua), else keep (or refuse) its place in
+-- line.  Idempotent per (ticket, claim): a re-sent call whose first reply
 -- was lost finds the grant it already made and returns it again.
 --
 -- KEYS[1..3]: see _lib.lua.
 -- ARGV[1]  ticket         the waiter's identity; becomes the permit token when granted
--- ARGV[2]  numbers        seven integers, space-separated (one argument: fewer to send):
+-- ARGV[2]  numbers        ten integers, space-separated (one argument: fewer to send):
 --            weight         units wanted (>= 1)
 --            limit          the caller's limit (a runtime limit_override in state wins)
 --            lease_ms       lease length for a grant
@@ -14,33 +15,42 @@
 --                           with the place; also the default for other waiters named here)
 --            epoch          a call whose epoch is below the place's epoch is stale
 --            check_done     1 = report a ticket released within its tombstone time as done
+--            cap            the partition's cap (-1: none); stored with the partition
+--            part_weight    the partition's weight (1..1000); stored with the partition
+--            aging_ms       a head waiter that does not fit reserves the free units once it has
+--                           waited this long (see entitled())
 -- ARGV[3]  claim          which copy of the caller this is (a grant remembers it)
 -- ARGV[4]  owner          owner metadata, JSON text, stored as given
 -- ARGV[5]  data           wake data for a parked waiter ('' = a blocked waiter, woken by list)
+-- ARGV[6]  partition      the waiter's partition ('' = the default one)
 --
 -- Returns {status, n1, n2, n3, n4, wake pairs...}:
 --   status 1 granted now           n1 fencing token, n2 lease expiry ms, n3 server now ms
 --   status 2 already held (claim)  n1 fencing token, n2 lease expiry ms, n3 server now ms
 --   status 3 held by another claim n1 0
 --   status 4 done: released before n1 0
---   status 5 waiting               n1 position (0 = head), n2 epoch of the place, n3 now ms
+--   status 5 waiting               n1 position in its partition (0 = head), n2 epoch of the
+--                                  place, n3 now ms
 --   status 6 weight over limit     n1 effective limit
 --   status 7 not granted, no place kept (place_ttl_ms = 0)
 --   status 8 stale epoch           n1 epoch of the place
 --   n4 = effective limit; then ticket, data pairs of other waiters to wake.
 
-local ticket, claim, owner, data = ARGV[1], ARGV[3], ARGV[4], ARGV[5]
-local weight, client_limit, lease_ms, place_ttl, grace, epoch, check_done =
-  string.match(ARGV[2], '^(%d+) (%S+) (%S+) (%S+) (%S+) (%S+) (%S+)$')
+local ticket, claim, owner, data, part = ARGV[1], ARGV[3], ARGV[4], ARGV[5], ARGV[6]
+local weight, client_limit, lease_ms, place_ttl, grace, epoch, check_done, cap, part_weight,
+  aging = string.match(ARGV[2],
+    '^(%d+) (%S+) (%S+) (%S+) (%S+) (%S+) (%S+) (%S+) (%S+) (%S+)$')
 local weight_text = weight
 weight, client_limit, lease_ms = tonumber(weight), tonumber(client_limit), tonumber(lease_ms)
 place_ttl, grace, epoch = tonumber(place_ttl), tonumber(grace), tonumber(epoch)
-if not (weight and client_limit and lease_ms and place_ttl and grace and epoch) then
-  return redis.error_reply('ERR acquire: ARGV[2] is not seven numbers: ' .. ARGV[2])
+cap, part_weight, aging = tonumber(cap), tonumber(part_weight), tonumber(aging)
+if not (weight and client_limit and lease_ms and place_ttl and grace and epoch and cap
+    and part_weight and aging) then
+  return redis.error_reply('ERR acquire: ARGV[2] is not ten numbers: ' .. ARGV[2])
 end
 check_done = check_done == '1'
 
-local held, raw, fence = begin('h:' .. ticket, 'w:' .. ticket, 'fence')
+local held, raw, fence, part_raw = begin('h:' .. ticket, 'w:' .. ticket, 'fence', 'p:' .. part)
 fence = tonumber(fence) or 0
 local limit = effective_limit(client_limit)
 
@@ -48,7 +58,7 @@ local limit = effective_limit(client_limit)
 -- expired lease or place) whatever this call's own outcome, and those units belong to waiters
 -- in line.
 local function finish(reply, list)
-  return collect_wakes(list or entitled(limit, used), ticket, grace, reply)
+  return collect_wakes(list or entitled(limit, aging), ticket, grace, reply)
 end
 
 if held then
@@ -63,43 +73,44 @@ if check_done and tombstone(ticket) then
 end
 if weight > limit then return finish({6, limit, 0, now, limit}) end
 
--- Fast path: nobody in line and room enough, so the grant cannot pass anyone.
-if waiting == 0 and used + weight <= limit then
-  local granted, expiry = grant(ticket, weight, weight_text, claim, owner, lease_ms, fence)
-  return {1, granted, expiry, now, limit}
-end
-
 local info
 if raw then
   info = parse_waiter(raw)
   if epoch < info.e then return finish({8, info.e, 0, now, limit}) end
-  if info.d ~= data or info.e ~= epoch then info.wk = 0 end
-  info.w, info.e, info.o, info.d, info.g = weight, epoch, owner, data, grace
-else
-  info = {w = weight, since = now, e = epoch, o = owner, d = data, wk = 0, g = grace}
-  redis.call('ZADD', K_LINE, redis.call('HINCRBY', K_STATE, 'seq', 1), ticket)
-  waiting = waiting + 1
 end
-redis.call('HSET', K_STATE, 'w:' .. ticket, encode_waiter(info))
 
-local list = entitled(limit, used)
+local record, part_used = partition_record(part, part_raw, cap, part_weight)
+local room = cap < 0 or part_used + weight <= cap
+
+-- Fast path: nobody in line and room enough, so the grant cannot pass anyone.
+if waiting == 0 and used + weight <= limit and room then
+  local granted, expiry =
+    grant(ticket, weight, weight_text, claim, owner, lease_ms, fence, part, record)
+  return {1, granted, expiry, now, limit}
+end
+store_record(part, part_raw, record)
+info = enqueue(ticket, info or false, weight, epoch, owner, data, grace, part)
+
+local list = entitled(limit, aging)
 local mine = false
 for _, entry in ipairs(list) do
   if entry[1] == ticket then mine = true break end
 end
 
 if mine then
-  drop_waiter(ticket)
-  local granted, expiry = grant(ticket, weight, weight_text, claim, owner, lease_ms, fence)
+  -- grant first: the partition then has a holder, so leaving the line keeps its record
+  local granted, expiry =
+    grant(ticket, weight, weight_text, claim, owner, lease_ms, fence, part, record)
+  drop_waiter(ticket, info)
   -- `list` still holds the other waiters the free units belong to
   return finish({1, granted, expiry, now, limit}, list)
 end
 
 if place_ttl > 0 then
   redis.call('ZADD', K_EXP, now + place_ttl, 'w:' .. ticket)
-  return finish({5, redis.call('ZRANK', K_LINE, ticket), epoch, now, limit}, list)
+  return finish({5, position(ticket, info), epoch, now, limit}, list)
 end
-drop_waiter(ticket)
+drop_waiter(ticket, info)
 -- Leaving the line (a ticket that had a place and now asks not to keep it) can hand the units
 -- it stood in front of to those behind it: work out who is entitled again.
 return finish({7, 0, 0, now, limit})

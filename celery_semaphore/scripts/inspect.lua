@@ -3,26 +3,36 @@
 -- KEYS[1..3]: see _lib.lua.
 -- ARGV: none.
 --
--- Returns {now ms, used, limit_override or '', holder count, waiter count,
---          holders: token, lease expiry ms, weight, fencing token, acquired ms, owner JSON
---                   (repeated, by lease expiry),
---          waiters: ticket, place expiry ms, weight, since ms, wake data, owner JSON
---                   (repeated, FIFO order)}.
+-- Returns {now ms, used, limit_override or '', holder count, waiter count, partition count,
+--          grants so far (the fence counter),
+--          holders: token, lease expiry ms, weight, fencing token, acquired ms, owner JSON,
+--                   partition (repeated, by lease expiry),
+--          waiters: ticket, place expiry ms, weight, since ms, wake data, owner JSON,
+--                   partition, position in the partition, arrival number
+--                   (repeated, by partition, FIFO within one),
+--          partitions: name, used, waiters, cap (-1: none), weight
+--                   (repeated, by name; those with live holders or waiters)}.
 -- `used` counts only live holders.  Read-only, so it needs no care about the order of reads.
--- Cost: one pass over the state hash (live holders and waiters only; tombstones are not there).
+-- Cost: one pass over the state hash (live holders, waiters and partitions only; tombstones are
+-- not there).
 now, now_text = now_ms()
 redis.call('ZCARD', K_EXP)  -- read every key, so foreign data there is reported here too
 local state = redis.call('HGETALL', K_STATE)
 local order = redis.call('ZRANGE', K_LINE, 0, -1)
 
-local fields, holder_fields, override = {}, {}, ''
+local fields, holder_fields, override, fence = {}, {}, '', 0
+local records = {}
 for i = 1, #state, 2 do
   local field = state[i]
   local kind = string.sub(field, 1, 2)
   if kind == 'h:' or kind == 'w:' then
     fields[field] = state[i + 1]
+  elseif kind == 'p:' then
+    records[string.sub(field, 3)] = state[i + 1]
   elseif field == 'limit_override' then
     override = state[i + 1]
+  elseif field == 'fence' then
+    fence = tonumber(state[i + 1])
   end
 end
 
@@ -30,6 +40,17 @@ local function expiries(members)
   local out = {}
   for i, member in ipairs(members) do out[i] = redis.call('ZSCORE', K_EXP, member) end
   return out
+end
+
+-- partition name -> {used, waiters}
+local parts = {}
+local function part(name)
+  local p = parts[name]
+  if not p then
+    p = {0, 0}
+    parts[name] = p
+  end
+  return p
 end
 
 for field in pairs(fields) do
@@ -51,34 +72,64 @@ local holders = {}
 local live_used = 0
 for _, entry in ipairs(live) do
   local raw = fields[entry[1]]
-  local w, f, at, n, p = string.match(raw, '^(%d+) (%S+) (%S+) [01] (%d+) ()')
+  local w, f, at, n, np, p = string.match(raw, '^(%d+) (%S+) (%S+) [01] (%d+) (%d+) ()')
+  local stop = p + tonumber(n)
+  local pstop = stop + tonumber(np)
+  local name = string.sub(raw, stop, pstop - 1)
   live_used = live_used + tonumber(w)
+  local pp = part(name)
+  pp[1] = pp[1] + tonumber(w)
   holders[#holders + 1] = string.sub(entry[1], 3)
   holders[#holders + 1] = entry[2]
   holders[#holders + 1] = tonumber(w)
   holders[#holders + 1] = f
   holders[#holders + 1] = at
-  holders[#holders + 1] = string.sub(raw, p + tonumber(n))
+  holders[#holders + 1] = string.sub(raw, pstop)
+  holders[#holders + 1] = name
 end
 
-local waiter_fields = {}
-for i, ticket in ipairs(order) do waiter_fields[i] = 'w:' .. ticket end
+local waiter_fields, tickets = {}, {}
+for i, member in ipairs(order) do
+  local _, _, ticket = split_member(member)
+  tickets[i] = ticket
+  waiter_fields[i] = 'w:' .. ticket
+end
 local waiter_exp = expiries(waiter_fields)
 local waiters = {}
-for i, ticket in ipairs(order) do
+for i, ticket in ipairs(tickets) do
   local expiry, raw = waiter_exp[i], fields[waiter_fields[i]]
   if expiry and raw and tonumber(expiry) > now then
     local info = parse_waiter(raw)
+    local pp = part(info.p)
     waiters[#waiters + 1] = ticket
     waiters[#waiters + 1] = expiry
     waiters[#waiters + 1] = info.w
     waiters[#waiters + 1] = info.since
     waiters[#waiters + 1] = info.d
     waiters[#waiters + 1] = info.o
+    waiters[#waiters + 1] = info.p
+    waiters[#waiters + 1] = pp[2]
+    waiters[#waiters + 1] = info.seq
+    pp[2] = pp[2] + 1
   end
 end
 
-local reply = {now, live_used, override, #holders / 6, #waiters / 6}
+local names = {}
+for name in pairs(parts) do names[#names + 1] = name end
+table.sort(names)
+local partitions = {}
+for _, name in ipairs(names) do
+  local _, cap, weight = parse_part(records[name])
+  local pp = parts[name]
+  partitions[#partitions + 1] = name
+  partitions[#partitions + 1] = pp[1]
+  partitions[#partitions + 1] = pp[2]
+  partitions[#partitions + 1] = cap or -1
+  partitions[#partitions + 1] = weight
+end
+
+local reply = {now, live_used, override, #holders / 7, #waiters / 9, #partitions / 5, fence}
 for _, v in ipairs(holders) do reply[#reply + 1] = v end
 for _, v in ipairs(waiters) do reply[#reply + 1] = v end
+for _, v in ipairs(partitions) do reply[#reply + 1] = v end
 return reply

@@ -4,8 +4,9 @@
 -- KEYS[1..3]: see _lib.lua.
 -- ARGV[1] limit          the caller's limit (a runtime limit_override in state wins)
 -- ARGV[2] wake_grace_ms  see acquire.lua
+-- ARGV[3] aging_ms       see acquire.lua
 --
 -- Returns {holders reclaimed, wake pairs...}.
 begin()
-local list = entitled(effective_limit(tonumber(ARGV[1])), used)
+local list = entitled(effective_limit(tonumber(ARGV[1])), tonumber(ARGV[3]))
 return collect_wakes(list, '', tonumber(ARGV[2]), {reclaimed})

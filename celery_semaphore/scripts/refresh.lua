@@ -6,6 +6,7 @@
 -- ARGV[3] place_ttl_ms  new place lifetime, from now, for a waiter
 -- ARGV[4] limit         the caller's limit (a runtime limit_override in state wins)
 -- ARGV[5] wake_grace_ms see acquire.lua
+-- ARGV[6] aging_ms      see acquire.lua
 --
 -- Returns {status, expiry ms, wake pairs...}: status 1 holder extended, 2 waiter's place
 -- extended, 0 neither (the permit or place was lost).  The wake pairs name the waiters that
@@ -22,6 +23,6 @@ elseif waiter then
   redis.call('ZADD', K_EXP, 'XX', expiry, 'w:' .. token)
   reply = {2, expiry}
 end
-local list = entitled(effective_limit(tonumber(ARGV[4])), used)
+local list = entitled(effective_limit(tonumber(ARGV[4])), tonumber(ARGV[6]))
 -- '' for me: a waiter that only refreshes its place is not granted, so it is named too
 return collect_wakes(list, '', tonumber(ARGV[5]), reply)

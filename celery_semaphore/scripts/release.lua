@@ -4,40 +4,26 @@
 --
 -- KEYS[1..3]: see _lib.lua.
 -- ARGV[1] token
--- ARGV[2] numbers        three integers, space-separated (one argument: fewer to send):
+-- ARGV[2] numbers        four integers, space-separated (one argument: fewer to send):
 --           limit          the caller's limit (a runtime limit_override in state wins)
 --           tombstone_ms   how long the token is remembered as released (0: not at all)
 --           wake_grace_ms  see acquire.lua
+--           aging_ms       see acquire.lua
 -- ARGV[3] claim          '' releases whoever holds `token`; otherwise only a holder that was
 --                        granted under this claim (another copy's permit is left alone)
 --
 -- Returns {status, wake pairs...}: status 1 released now, 2 released already (tombstone),
 -- 0 not held (lost to lease expiry or never granted), 3 held under another claim.
 local token, claim = ARGV[1], ARGV[3]
-local client_limit, tomb_ms, grace = string.match(ARGV[2], '^(%S+) (%S+) (%S+)$')
+local client_limit, tomb_ms, grace, aging = string.match(ARGV[2], '^(%S+) (%S+) (%S+) (%S+)$')
 client_limit, tomb_ms, grace = tonumber(client_limit), tonumber(tomb_ms), tonumber(grace)
-if not (client_limit and tomb_ms and grace) then
-  return redis.error_reply('ERR release: ARGV[2] is not three numbers: ' .. ARGV[2])
+aging = tonumber(aging)
+if not (client_limit and tomb_ms and grace and aging) then
+  return redis.error_reply('ERR release: ARGV[2] is not four numbers: ' .. ARGV[2])
 end
 local held = begin('h:' .. token)
 
-local status = 0
-if held then
-  local weight, _, held_claim, aside = parse_holder(held)
-  if claim ~= '' and held_claim ~= claim then
-    status = 3
-  else
-    -- the holder's member becomes the tombstone (tombstone_ms 0: gone at the next call)
-    used = math.max(0, used - weight)
-    redis.call('HSET', K_STATE, 'used', used)
-    redis.call('HDEL', K_STATE, 'h:' .. token)
-    redis.call('ZADD', K_EXP, now + tomb_ms, 'h:' .. token)
-    if aside then redis.call('ZREM', K_EXP, 'd:' .. token) end  -- this release's counts now
-    status = 1
-  end
-elseif tombstone(token) then
-  status = 2
-end
+local status = release_holder(token, held or false, claim, tomb_ms)
 
 if waiting == 0 then return {status} end  -- nobody in line: nobody to wake
-return collect_wakes(entitled(effective_limit(client_limit), used), '', grace, {status})
+return collect_wakes(entitled(effective_limit(client_limit), aging), '', grace, {status})

@@ -21,7 +21,8 @@ def _used(client: redis.Redis, sem: Semaphore) -> int:
 
 def _acquire_args(sem: Semaphore, ticket: str, weight: int, claim: str) -> list[object]:
     # the exact ARGV that try_acquire sends (see acquire.lua)
-    return [ticket, f"{weight} {sem.limit} 60000 0 1000 0 0", claim, json.dumps({}), ""]
+    numbers = f"{weight} {sem.limit} 60000 0 1000 0 0 -1 1 2000"
+    return [ticket, numbers, claim, json.dumps({}), "", ""]
 
 
 def test_resent_acquire_script_is_idempotent(

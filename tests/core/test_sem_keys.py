@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable
 from urllib.parse import unquote
 
 import pytest
@@ -146,3 +147,55 @@ def test_encoded_name_is_brace_free_and_readable(name: str) -> None:
         assert unquote(tag, errors="strict") == name
     keys = SemaphoreKeys.for_name(name, PREFIX)
     assert len({key_slot(k.encode("utf-8")) for k in all_keys(keys)}) == 1
+
+
+TAGS = ["shared", "{x}", "a:b", "名", "x" * 500]
+
+
+@pytest.mark.parametrize("tag", TAGS)
+def test_names_sharing_a_hash_tag_share_one_slot_but_no_key(tag: str) -> None:
+    key_sets = {name: all_keys(SemaphoreKeys.for_name(name, PREFIX, tag)) for name in AWKWARD_NAMES}
+    slots = {key_slot(k.encode("utf-8")) for keys in key_sets.values() for k in keys}
+    assert slots == {key_slot(encode_name(tag).encode("utf-8"))}
+    for a, b in itertools.combinations(AWKWARD_NAMES, 2):
+        assert set(key_sets[a]).isdisjoint(key_sets[b]), (a, b)
+    # nor any key of a semaphore without a hash tag (not even one named like the tag), nor of
+    # the same names under another tag
+    untagged = {
+        k for name in [*AWKWARD_NAMES, tag] for k in all_keys(SemaphoreKeys.for_name(name, PREFIX))
+    }
+    other = {
+        k
+        for name in AWKWARD_NAMES
+        for k in all_keys(SemaphoreKeys.for_name(name, PREFIX, tag + "2"))
+    }
+    for keys in key_sets.values():
+        assert untagged.isdisjoint(keys)
+        assert other.isdisjoint(keys)
+
+
+@settings(max_examples=200, deadline=None)
+@given(a=NAMES, b=NAMES, tag=NAMES)
+def test_tagged_keys_are_injective(a: str, b: str, tag: str) -> None:
+    ka, kb = SemaphoreKeys.for_name(a, PREFIX, tag), SemaphoreKeys.for_name(b, PREFIX, tag)
+    if a != b:
+        assert set(all_keys(ka)).isdisjoint(all_keys(kb))
+    assert len({key_slot(k.encode("utf-8")) for k in [*all_keys(ka), *all_keys(kb)]}) == 1
+    # a wake key of an untagged semaphore never equals a key of a tagged one
+    plain = SemaphoreKeys.for_name(tag, PREFIX)
+    assert plain.wake(b) not in all_keys(ka)
+
+
+def test_semaphores_sharing_a_hash_tag_are_independent(
+    make_semaphore: Callable[..., Semaphore],
+) -> None:
+    one = make_semaphore("one", 1, hash_tag="pair")
+    two = make_semaphore("two", 1, hash_tag="pair")
+    plain = make_semaphore("pair", 1)
+    assert one.keys.state != two.keys.state
+    assert one.keys.base.endswith(":{pair}:n:one")
+    permits = [s.acquire(blocking=False) for s in (one, two, plain)]
+    assert all(p is not None for p in permits)
+    assert [s.inspect().used for s in (one, two, plain)] == [1, 1, 1]
+    with pytest.raises(ValueError, match="hash_tag"):
+        make_semaphore("three", 1, hash_tag="")

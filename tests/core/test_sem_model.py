@@ -1,10 +1,16 @@
 """Random operation sequences against a plain-Python model of the semaphore.
 
 The model: a limit (the Semaphore's, or a runtime override), holders (ticket -> weight, fencing
-token), and one FIFO line of waiters (ticket, weight).  Free units belong to the oldest waiters
-that fit, strictly in order (a head that does not fit blocks everyone behind it; a waiter
-heavier than the whole limit is skipped).  Lease and place expiry are injected deterministically
-by setting a score in Redis to 0, which the next operation reclaims.
+token, partition), waiters in arrival order (ticket, weight, partition; one FIFO line per
+partition), and partition records (cap, weight; the last acquirer's, kept while the partition
+has holders or waiters).  Free units are handed out as docs/concepts.md "Fair sharing" says:
+to the partition with waiters that holds the fewest units per unit of partition weight (ties:
+the oldest head), its head first; strictly FIFO within a partition; a head heavier than the
+limit or its cap is skipped; a partition at its cap is passed over; a head that does not fit
+either reserves the free units (aged) or is passed over (not yet aged).  The machine runs
+once with ``aging=0`` (every head is aged) and once with an aging that never passes.  Lease
+and place expiry are injected deterministically by setting a score in Redis to 0, which the
+next operation reclaims.
 """
 
 from __future__ import annotations
@@ -29,16 +35,41 @@ from celery_semaphore import AttemptStatus, Semaphore
 LIMIT = 4
 TICKETS = st.sampled_from([f"t{i}" for i in range(6)])
 WEIGHTS = st.integers(min_value=1, max_value=LIMIT)
+PARTITIONS = st.sampled_from(["", "", "a", "b"])  # the default one, twice as often
+CAPS = st.sampled_from([None, None, 1, 2, 3])
+PART_WEIGHTS = st.sampled_from([1, 1, 2, 3])
 LONG = 60.0  # leases, places and tombstones never run out on their own during an example
 PARKED = "parked"  # wake data: wake-ups come to on_wake, where the machine records them
 
 
 @dataclass
+class Waiter:
+    ticket: str
+    weight: int
+    partition: str
+
+
+@dataclass
+class Part:
+    """One partition while the model works out who is entitled."""
+
+    line: list[Waiter]
+    used: int
+    cap: int | None
+    weight: int
+    at: int = 0
+    done: bool = False
+
+
+@dataclass
 class Model:
+    aged: bool  # aging=0: every head has waited long enough to reserve the free units
     limit: int = LIMIT
     override: int | None = None
-    holders: dict[str, tuple[int, int]] = field(default_factory=dict)  # ticket -> weight, fence
-    waiters: list[tuple[str, int]] = field(default_factory=list)  # FIFO: ticket, weight
+    # ticket -> weight, fence, partition
+    holders: dict[str, tuple[int, int, str]] = field(default_factory=dict)
+    waiters: list[Waiter] = field(default_factory=list)  # in arrival order
+    records: dict[str, tuple[int | None, int]] = field(default_factory=dict)  # cap, weight
     released: set[str] = field(default_factory=set)  # tombstones
     named: set[str] = field(default_factory=set)  # waiters named in a wake-up since they queued
     fence: int = 0
@@ -49,53 +80,134 @@ class Model:
 
     @property
     def used(self) -> int:
-        return sum(w for w, _ in self.holders.values())
+        return sum(w for w, _, _ in self.holders.values())
+
+    def part_used(self, partition: str) -> int:
+        return sum(w for w, _, p in self.holders.values() if p == partition)
+
+    def active(self) -> set[str]:
+        return {p for _, _, p in self.holders.values()} | {w.partition for w in self.waiters}
+
+    def tidy(self) -> None:
+        """Records live only while their partition has holders or waiters."""
+        active = self.active()
+        for name in list(self.records):
+            if name not in active:
+                del self.records[name]
 
     def entitled(self) -> list[str]:
-        free = self.effective - self.used
+        limit = self.effective
+        free = limit - self.used
         out: list[str] = []
-        for ticket, weight in self.waiters:
-            if free <= 0:
+        if not self.waiters or free <= 0:
+            return out
+        parts: dict[str, Part] = {}
+        for w in self.waiters:
+            if w.partition not in parts:
+                cap, weight = self.records.get(w.partition, (None, 1))
+                parts[w.partition] = Part([], self.part_used(w.partition), cap, weight)
+            parts[w.partition].line.append(w)
+        seq = {w.ticket: i for i, w in enumerate(self.waiters)}
+
+        def fits(p: Part, head: Waiter) -> bool:
+            return head.weight <= free and (p.cap is None or p.used + head.weight <= p.cap)
+
+        def never_fits(p: Part, head: Waiter) -> bool:
+            return head.weight > limit or (p.cap is not None and head.weight > p.cap)
+
+        # waiters named in a wake-up (within their grace, which outlasts an example) keep the
+        # units they were named for; partitions in the order of the line's members
+        for name in sorted(parts, key=lambda n: (len(n.encode()), n.encode())):
+            p = parts[name]
+            while free > 0 and p.at < len(p.line):
+                head = p.line[p.at]
+                if never_fits(p, head):
+                    p.at += 1
+                elif head.ticket in self.named and fits(p, head):
+                    out.append(head.ticket)
+                    free -= head.weight
+                    p.used += head.weight
+                    p.at += 1
+                else:
+                    break
+        while free > 0:
+            best: Part | None = None
+            for p in parts.values():
+                if p.done or p.at >= len(p.line):
+                    continue
+                if best is None:
+                    best = p
+                    continue
+                x, y = p.used * best.weight, best.used * p.weight
+                if x < y or (x == y and seq[p.line[p.at].ticket] < seq[best.line[best.at].ticket]):
+                    best = p
+            if best is None:
                 break
-            if weight > self.effective:
-                continue  # can never fit: skipped, not blocking
-            if weight > free:
-                break  # strict FIFO
-            free -= weight
-            out.append(ticket)
+            head = best.line[best.at]
+            if head.weight > limit or (best.cap is not None and head.weight > best.cap):
+                best.at += 1  # can never fit
+            elif best.cap is not None and best.used + head.weight > best.cap:
+                best.done = True
+            elif head.weight > free:
+                if self.aged:
+                    break  # the free units are reserved for this head
+                best.done = True
+            else:
+                out.append(head.ticket)
+                free -= head.weight
+                best.used += head.weight
+                best.at += 1
         return out
 
+    def find(self, ticket: str) -> Waiter | None:
+        return next((w for w in self.waiters if w.ticket == ticket), None)
+
     def position(self, ticket: str) -> int | None:
-        for i, (t, _) in enumerate(self.waiters):
-            if t == ticket:
-                return i
-        return None
+        me = self.find(ticket)
+        if me is None:
+            return None
+        mine = [w.ticket for w in self.waiters if w.partition == me.partition]
+        return mine.index(ticket)
 
     def drop_waiter(self, ticket: str) -> bool:
-        i = self.position(ticket)
-        if i is None:
+        me = self.find(ticket)
+        if me is None:
             return False
-        del self.waiters[i]
+        self.waiters.remove(me)
         self.named.discard(ticket)
+        self.tidy()
         return True
 
-    def acquire(self, ticket: str, weight: int, queue: bool) -> tuple[AttemptStatus, int]:
+    def acquire(
+        self,
+        ticket: str,
+        weight: int,
+        queue: bool,
+        partition: str = "",
+        cap: int | None = None,
+        part_weight: int = 1,
+    ) -> tuple[AttemptStatus, int]:
         """Returns the status and the fence (granted/held) or position (waiting)."""
         if ticket in self.holders:
             return AttemptStatus.ALREADY_HELD, self.holders[ticket][1]
         if weight > self.effective:
             return AttemptStatus.WEIGHT_OVER_LIMIT, 0
-        i = self.position(ticket)
-        if i is None:
-            self.waiters.append((ticket, weight))
+        if partition or cap is not None or part_weight != 1:
+            self.records[partition] = (cap, part_weight)
         else:
-            self.waiters[i] = (ticket, weight)
+            self.records.pop("", None)
+        me = self.find(ticket)
+        if me is None:
+            self.waiters.append(Waiter(ticket, weight, partition))
+        else:  # keeps its arrival, in whichever partition it now asks
+            me.weight, me.partition = weight, partition
         if ticket in self.entitled():
-            self.drop_waiter(ticket)
             self.fence += 1
-            self.holders[ticket] = (weight, self.fence)
+            self.holders[ticket] = (weight, self.fence, partition)
+            self.drop_waiter(ticket)
             return AttemptStatus.GRANTED, self.fence
         if queue:
+            self.tidy()  # a partition it moved out of may be empty now
             pos = self.position(ticket)
             assert pos is not None
             return AttemptStatus.WAITING, pos
@@ -106,6 +218,7 @@ class Model:
         if ticket in self.holders:
             del self.holders[ticket]
             self.released.add(ticket)
+            self.tidy()
             return True
         return ticket in self.released
 
@@ -113,6 +226,7 @@ class Model:
 class SemaphoreMachine(RuleBasedStateMachine):
     client: redis.Redis
     prefix: str
+    aging: float  # 0 or NEVER
 
     def __init__(self) -> None:
         super().__init__()
@@ -123,8 +237,9 @@ class SemaphoreMachine(RuleBasedStateMachine):
             key_prefix=self.prefix,
             lease_ttl=LONG,
             on_wake=self._on_wake,
+            aging=self.aging,
         )
-        self.model = Model()
+        self.model = Model(aged=self.aging == 0)
         self.last_fence = 0
         # an expiry was injected and no operation has reclaimed it yet
         self.pending = False
@@ -150,15 +265,58 @@ class SemaphoreMachine(RuleBasedStateMachine):
 
     @rule(ticket=TICKETS, weight=WEIGHTS, queue=st.booleans())
     def acquire(self, ticket: str, weight: int, queue: bool) -> None:
+        self._acquire(ticket, weight, queue, "", None, 1)
+
+    @rule(
+        ticket=TICKETS,
+        weight=WEIGHTS,
+        queue=st.booleans(),
+        partition=PARTITIONS,
+        cap=CAPS,
+        part_weight=PART_WEIGHTS,
+    )
+    def acquire_in_partition(
+        self,
+        ticket: str,
+        weight: int,
+        queue: bool,
+        partition: str,
+        cap: int | None,
+        part_weight: int,
+    ) -> None:
+        if cap is not None and weight > cap:
+            # refused before anything is sent: nothing changes
+            with pytest.raises(ValueError, match=f"weight={weight} .*partition_cap={cap}"):
+                self.sem.try_acquire(ticket, weight=weight, partition=partition, partition_cap=cap)
+            return
+        self._acquire(ticket, weight, queue, partition, cap, part_weight)
+
+    def _acquire(
+        self,
+        ticket: str,
+        weight: int,
+        queue: bool,
+        partition: str,
+        cap: int | None,
+        part_weight: int,
+    ) -> None:
         self._begin()
-        expected, value = self.model.acquire(ticket, weight, queue)
-        place = LONG if queue else 0.0
+        expected, value = self.model.acquire(ticket, weight, queue, partition, cap, part_weight)
+        options = {
+            "weight": weight,
+            "place_ttl": LONG if queue else 0.0,
+            "wake_data": PARKED,
+            "wake_grace": LONG,
+            "partition": partition,
+            "partition_cap": cap,
+            "partition_weight": part_weight,
+        }
         if expected is AttemptStatus.WEIGHT_OVER_LIMIT:
             with pytest.raises(ValueError, match=f"weight={weight}"):
-                self.sem.try_acquire(ticket, weight=weight, place_ttl=place, wake_data=PARKED)
+                self.sem.try_acquire(ticket, **options)  # type: ignore[arg-type]
             self._check_wakes()
             return
-        attempt = self.sem.try_acquire(ticket, weight=weight, place_ttl=place, wake_data=PARKED)
+        attempt = self.sem.try_acquire(ticket, **options)  # type: ignore[arg-type]
         assert attempt.status is expected, (attempt, self.model)
         assert attempt.limit == self.model.effective
         if expected is AttemptStatus.GRANTED:
@@ -204,12 +362,13 @@ class SemaphoreMachine(RuleBasedStateMachine):
         # inject the fault: the lease ran out long ago; the next operation reclaims it
         assert self.client.zadd(self.sem.keys.expiry, {"h:" + ticket: 0}, xx=True, ch=True) == 1
         self.unreclaimed += self.model.holders.pop(ticket)[0]
+        self.model.tidy()
         self.pending = True
 
     @precondition(lambda self: bool(self.model.waiters))
     @rule(data=st.data())
     def expire_place(self, data: st.DataObject) -> None:
-        ticket = data.draw(st.sampled_from(sorted(t for t, _ in self.model.waiters)))
+        ticket = data.draw(st.sampled_from(sorted(w.ticket for w in self.model.waiters)))
         assert self.client.zadd(self.sem.keys.expiry, {"w:" + ticket: 0}, xx=True, ch=True) == 1
         self.model.drop_waiter(ticket)
         self.pending = True
@@ -232,14 +391,37 @@ class SemaphoreMachine(RuleBasedStateMachine):
         snap = self.sem.inspect()
         assert snap.limit == self.model.effective
         assert snap.limit_override == self.model.override
-        assert {h.token: (h.weight, h.fencing_token) for h in snap.holders} == self.model.holders
-        assert [(w.ticket, w.weight) for w in snap.waiters] == self.model.waiters
+        assert {
+            h.token: (h.weight, h.fencing_token, h.partition) for h in snap.holders
+        } == self.model.holders
+        assert [(w.ticket, w.weight, w.partition, w.position) for w in snap.waiters] == [
+            (w.ticket, w.weight, w.partition, self.model.position(w.ticket))
+            for w in self.model.waiters
+        ]
+        parts = [
+            (
+                name,
+                self.model.part_used(name),
+                sum(1 for w in self.model.waiters if w.partition == name),
+                *self.model.records.get(name, (None, 1)),
+            )
+            for name in sorted(self.model.active())
+        ]
+        assert [(p.name, p.used, p.waiters, p.cap, p.weight) for p in snap.partitions] == parts
         assert snap.used == self.model.used
         assert snap.available == max(0, self.model.effective - self.model.used)
         # the counter the scripts keep agrees, counting leases expired by the last rule (which
         # the next operation reclaims)
         raw = self.client.hget(self.sem.keys.state, "used")
         assert int(raw or 0) == self.model.used + self.unreclaimed
+        if not self.pending:
+            # no partition record outlives its partition's holders and waiters
+            fields = {_str(f) for f in self.client.hkeys(self.sem.keys.state)}
+            records = {f[2:] for f in fields if f.startswith("p:")}
+            assert records == set(self.model.records), (records, self.model)
+            assert int(self.client.hget(self.sem.keys.state, "pused") or 0) == sum(
+                w for w, _, p in self.model.holders.values() if p
+            )
 
     @invariant()
     def entitled_waiters_were_woken(self) -> None:
@@ -251,15 +433,24 @@ class SemaphoreMachine(RuleBasedStateMachine):
                 assert ticket in self.model.named, (ticket, self.model)
 
 
-def test_semaphore_matches_model(redis_client: redis.Redis, key_prefix: str) -> None:
+NEVER = 3600.0  # an aging that never passes during an example
+
+
+@pytest.mark.parametrize("aging", [NEVER, 0.0], ids=["not-aged", "aged"])
+def test_semaphore_matches_model(redis_client: redis.Redis, key_prefix: str, aging: float) -> None:
     SemaphoreMachine.client = redis_client
     SemaphoreMachine.prefix = key_prefix
+    SemaphoreMachine.aging = aging
     run_state_machine_as_test(
         SemaphoreMachine,
         settings=settings(
-            max_examples=300,
+            max_examples=200,
             stateful_step_count=50,
             deadline=None,
             suppress_health_check=[HealthCheck.too_slow],
         ),
     )
+
+
+def _str(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value

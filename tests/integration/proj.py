@@ -40,14 +40,16 @@ app.conf.update(
     worker_prefetch_multiplier=1,
     broker_connection_retry_on_startup=True,
     worker_hijack_root_logger=False,
-    **json.loads(os.environ.get("CS_EXTRA", "{}")),
 )
+# may override the above (e.g. semaphore_redis_url: a Redis Cluster, while the bookkeeping,
+# broker and results stay on CS_REDIS)
+app.conf.update(json.loads(os.environ.get("CS_EXTRA", "{}")))
 
 _client: redis.Redis | None = None
 _pid = -1
 
 ENTER = """
-local n = redis.call('INCR', KEYS[1])
+local n = redis.call('INCRBY', KEYS[1], ARGV[2])
 if n > tonumber(redis.call('GET', KEYS[2]) or '0') then redis.call('SET', KEYS[2], n) end
 redis.call('RPUSH', KEYS[3], ARGV[1])
 return n
@@ -64,8 +66,8 @@ def bookkeeping() -> redis.Redis:
 class Body:
     """Enter/leave bookkeeping around a limited body (an independent concurrency counter)."""
 
-    def __init__(self, tag: str, name: str = "main") -> None:
-        self.tag, self.name = tag, name
+    def __init__(self, tag: str, name: str = "main", units: int = 1) -> None:
+        self.tag, self.name, self.units = tag, name, units
 
     def __enter__(self) -> Body:
         r = bookkeeping()
@@ -76,12 +78,13 @@ class Body:
             f"{PREFIX}:max:{self.name}",
             f"{PREFIX}:ran",
             self.tag,
+            self.units,
         )
         r.rpush(f"{PREFIX}:started", f"{self.tag}:{time.time()}")
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        bookkeeping().decr(f"{PREFIX}:inside:{self.name}")
+        bookkeeping().decrby(f"{PREFIX}:inside:{self.name}", self.units)
         bookkeeping().rpush(f"{PREFIX}:finished", f"{self.tag}:{time.time()}")
 
 
@@ -297,5 +300,82 @@ def crash_once(self: Any, tag: str, seconds: float = 0.5) -> str:
 def late_work(self: Any, tag: str, seconds: float = 0.05) -> str:
     """Like ``work``, but acknowledged only after the body (acks_late)."""
     with Body(tag):
+        time.sleep(seconds)
+    return tag
+
+
+# -- names and weights from the arguments (issue 4) -------------------------------------------
+
+
+@app.task(bind=True)
+@limited("cust:{customer}", limit=LIMIT, lease_ttl=LEASE)
+def per_customer(self: Any, customer: str | None, tag: str, seconds: float = 0.2) -> str:
+    """One semaphore per customer; counted per customer and over all customers."""
+    with Body(tag, f"cust-{customer}"), Body(f"{tag}+", "all-customers"):
+        time.sleep(seconds)
+    return tag
+
+
+@app.task(bind=True)
+@limited("units", limit=4, lease_ttl=LEASE, weight=lambda a: a["units"])
+def weighted(self: Any, tag: str, units: int, seconds: float = 0.1) -> str:
+    """Takes ``units`` of the 4 units of "units"; counted in units."""
+    with Body(tag, "units", units):
+        time.sleep(seconds)
+    return tag
+
+
+# -- fair sharing between queues (issue 4) ----------------------------------------------------
+
+
+def _queue_of(task: Any) -> str:
+    return str((task.request.delivery_info or {}).get("routing_key") or "")
+
+
+def _fair_body(task: Any, tag: str, seconds: float, counter: str) -> str:
+    """Record the grant (tag, fencing token, queue) and count the body per queue and in all."""
+    from celery_semaphore import current_permits
+
+    queue = _queue_of(task)
+    fencing = current_permits()[0].fencing_token
+    node = task.request.hostname
+    bookkeeping().rpush(f"{PREFIX}:grants", f"{tag}|{fencing}|{queue}|{node}")
+    with Body(tag, f"{counter}-{queue}"), Body(f"{tag}+", counter):
+        time.sleep(seconds)
+    return tag
+
+
+@app.task(bind=True)
+@limited("fair", limit=LIMIT, lease_ttl=LEASE)
+def fair_work(self: Any, tag: str, seconds: float = 0.02) -> str:
+    """Partitioned by delivery queue (the default)."""
+    return _fair_body(self, tag, seconds, "fair")
+
+
+@app.task(bind=True)
+@limited("fifo", limit=LIMIT, lease_ttl=LEASE, partition=None)
+def fifo_work(self: Any, tag: str, seconds: float = 0.02) -> str:
+    """One line for all queues (fairness off)."""
+    return _fair_body(self, tag, seconds, "fifo")
+
+
+# -- several semaphores per task (issue 4) ----------------------------------------------------
+
+
+@app.task(bind=True)
+@limited(["pair:{a}", "pair:{b}"], limit=1, lease_ttl=LEASE)
+def pair(self: Any, a: int, b: int, tag: str, seconds: float = 0.02) -> str:
+    """Takes the semaphores of two resources at once; counted per resource."""
+    with Body(tag, f"pair-{a}"), Body(f"{tag}+", f"pair-{b}"):
+        time.sleep(seconds)
+    return tag
+
+
+@app.task(bind=True)
+@limited("stack-db", limit=2, lease_ttl=LEASE)
+@limited("stack-api:{customer}", limit=1)
+def stacked(self: Any, customer: str, tag: str, seconds: float = 0.05) -> str:
+    """Two stacked @limited: the shared db (2) and one per customer (1), all or nothing."""
+    with Body(tag, "stack-db"), Body(f"{tag}+", f"stack-{customer}"):
         time.sleep(seconds)
     return tag

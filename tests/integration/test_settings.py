@@ -336,10 +336,17 @@ def test_bad_arguments(kwargs: dict[str, Any], error: type[Exception], named: st
 
 
 def test_limited_twice() -> None:
-    with pytest.raises(TypeError, match="one @limited per task"):
+    """Stacked @limited take several semaphores at once; the same one twice is refused."""
+
+    @limited("a", limit=1)
+    @limited("b", limit=1)
+    def both() -> None: ...
+
+    assert [m.name for m in both.__semaphore__.members] == ["b", "a"]  # type: ignore[attr-defined]
+    with pytest.raises(ValueError, match="semaphore 'a' is named twice"):
 
         @limited("a", limit=1)
-        @limited("b", limit=1)
+        @limited("a", limit=2)
         def twice() -> None: ...
 
 

@@ -68,8 +68,8 @@ class Env:
             broker_connection_retry_on_startup=True,
             semaphore_redis_url=self.redis_url,
             semaphore_key_prefix=self.prefix,
-            **self.extra,
         )
+        app.conf.update(self.extra)  # may override the above
         return app
 
     def redis(self) -> redis.Redis:

@@ -194,7 +194,7 @@ def test_show_lists_holders_and_waiters(cli: Cli, make_semaphore: SemaphoreFacto
         ("t3", 0, False),
         ("t4", 1, True),
     ]
-    assert all(w["waited"] >= 0 and w["partition"] is None for w in waiters)
+    assert all(w["waited"] >= 0 and w["partition"] == "" for w in waiters)
 
     text = cli("show", "alpha").stdout
     assert text.startswith("semaphore 'alpha': limit 3 (code)")
@@ -257,7 +257,7 @@ def test_forced_release_by_token_and_task_id_is_logged_with_who(
     sem, p1, p2 = fill_alpha(make_semaphore)
     who = f"{getpass.getuser()}@{socket.gethostname()}"
     with caplog.at_level(logging.WARNING, logger="celery_semaphore.cli"):
-        result = cli("release", "alpha", p1.token)
+        result = cli("release", "alpha", p1.token, "--yes")
     assert result.exit_code == 0, result.output
     assert f"released token {p1.token} (task t1, 1 unit(s))" in result.stdout
     [record] = [r for r in caplog.records if r.name == "celery_semaphore.cli"]
@@ -266,7 +266,7 @@ def test_forced_release_by_token_and_task_id_is_logged_with_who(
     assert p1.token in record.getMessage()
     assert sorted(h.token for h in sem.holders()) == [p2.token]
 
-    result = cli("release", "alpha", "--task-id", "t2")
+    result = cli("release", "alpha", "--task-id", "t2", "--yes")
     assert result.exit_code == 0, result.output
     # the freed units are owed to the waiters, which take them on their next call
     assert sem.holders() == []
@@ -283,16 +283,33 @@ def test_forced_release_by_token_and_task_id_is_logged_with_who(
         11,
     )
 
-    again = cli("release", "alpha", p1.token)
+    again = cli("release", "alpha", p1.token, "--yes")
     assert again.exit_code == EXIT_NOT_FOUND
     assert f"no holder of semaphore 'alpha' has token {p1.token}" in single_error_line(again)
+
+
+def test_release_asks_first_and_a_no_or_no_answer_releases_nothing(
+    cli: Cli, make_semaphore: SemaphoreFactory, redis_client: redis.Redis, key_prefix: str
+) -> None:
+    sem, p1, p2 = fill_alpha(make_semaphore)
+    declined = cli("release", "alpha", p2.token, input="n\n")
+    assert declined.exit_code == EXIT_CANCELLED
+    assert "Force-release 1 permit(s) (2 unit(s)) of semaphore 'alpha'?" in declined.stdout
+    assert "release cancelled" in single_error_line(declined)
+    no_tty = cli("release", "alpha", "--task-id", "t1")  # no answer at all: cancelled
+    assert no_tty.exit_code == EXIT_CANCELLED
+    assert sorted(h.token for h in sem.holders()) == sorted([p1.token, p2.token])
+    assert audit.read(redis_client, key_prefix, "alpha") == []
+    done = cli("release", "alpha", p2.token, input="y\n")
+    assert done.exit_code == 0, done.output
+    assert [h.token for h in sem.holders()] == [p1.token]
 
 
 def test_release_of_a_waiting_task_says_where_it_waits(
     cli: Cli, make_semaphore: SemaphoreFactory
 ) -> None:
     fill_alpha(make_semaphore)
-    result = cli("release", "alpha", "--task-id", "t4")
+    result = cli("release", "alpha", "--task-id", "t4", "--yes")
     assert result.exit_code == EXIT_NOT_FOUND
     assert "(it is waiting, at position 1)" in single_error_line(result)
 

@@ -181,13 +181,15 @@ def test_show_explain_top_release_and_reset_on_live_tasks(
     assert "2/2 in use  1 waiting" in line
 
     # a forced release frees the unit for the waiter at once, while the sleeper runs on
-    released = run_cli(client_app, "release", "main", "--task-id", sleepers[0].id)
+    released = run_cli(client_app, "release", "main", "--task-id", sleepers[0].id, "--yes")
     assert released.exit_code == 0, released.output
     assert waiter.get(timeout=20) == "w"
     assert not sleepers[0].ready()
-    # the sleeper's heartbeat (every 2 s) finds its permit gone, logs it and counts it
+    # the sleeper's heartbeat (every 2 s) finds its permit gone, logs it (naming the semaphore
+    # and the task, in the worker's own log) and counts it
+    lost = f"[semaphore=main task={sleepers[0].id}] permit LOST"
     wait_until(
-        lambda: any("permit LOST" in n.log() and sleepers[0].id in n.log() for n in fleet.nodes),
+        lambda: any(lost in n.log() for n in fleet.nodes),
         15,
         what="the heartbeat reports the released permit lost",
     )

@@ -4,7 +4,7 @@ is one.  The snapshots here are built by hand, in the shape the core is expected
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 import pytest
@@ -12,29 +12,17 @@ from celery import Celery
 
 from celery_semaphore import cli_render, views
 from celery_semaphore.registry import Known
-from celery_semaphore.semaphore import HolderInfo, Snapshot, WaiterInfo
+from celery_semaphore.semaphore import HolderInfo, PartitionInfo, Snapshot, WaiterInfo
 
 
-@dataclass(frozen=True)
-class Partition:  # the shape of the core's PartitionInfo
-    name: str
-    used: int
-    waiters: int
-    cap: int | None
-    weight: float = 1
+def Partition(name: str, used: int, waiters: int, cap: int | None) -> PartitionInfo:
+    return PartitionInfo(name, used, waiters, cap, 1)
 
 
 @dataclass(frozen=True)
 class PartitionedSnapshot(Snapshot):
-    partitions: list[Partition] = field(default_factory=list)
     hold_time_avg: float | None = None
     reclaimed_total: int = 0
-    grants_total: int = 0
-
-
-@dataclass(frozen=True)
-class PartitionedWaiter(WaiterInfo):
-    partition: str | None = None
 
 
 NOW = 1_000_000.0
@@ -45,7 +33,7 @@ def holder(task_id: str, age: float, weight: int = 1) -> HolderInfo:
 
 
 def waiter(task_id: str, position: int, partition: str) -> WaiterInfo:
-    return PartitionedWaiter(
+    return WaiterInfo(
         f"{task_id}:0", position, 1, NOW - 5, 30.0, True, {"task_id": task_id}, partition
     )
 

@@ -1,0 +1,41 @@
+-- group_release: release the permit `token` holds in every member semaphore of a group, and
+-- name the waiters the freed units now belong to, in every member.
+--
+-- KEYS: three per member (see group_acquire.lua).
+-- ARGV[1] token
+-- ARGV[2] numbers   three integers: tombstone_ms wake_grace_ms aging_ms (as in release.lua)
+-- ARGV[3] claim     as in release.lua
+-- ARGV[4] limits    each member's limit (the caller's; a runtime override wins), in order
+--
+-- Returns {member count m, m statuses (as release.lua's), wake triples (member index, ticket,
+-- data)...}.
+local token, claim = ARGV[1], ARGV[3]
+local tomb_ms, grace, aging = string.match(ARGV[2], '^(%S+) (%S+) (%S+)$')
+tomb_ms, grace, aging = tonumber(tomb_ms), tonumber(grace), tonumber(aging)
+if not (tomb_ms and grace and aging) then
+  return redis.error_reply('ERR group_release: ARGV[2] is not three numbers: ' .. ARGV[2])
+end
+local m = #KEYS / 3
+local limits = {}
+for value in string.gmatch(ARGV[4], '%S+') do limits[#limits + 1] = tonumber(value) end
+
+local held = {}
+for i = 1, m do
+  use(i)
+  held[i] = begin('h:' .. token) or false
+end
+local out, wakes = {m}, {}
+for i = 1, m do
+  use(i)
+  out[#out + 1] = release_holder(token, held[i], claim, tomb_ms)
+  if waiting > 0 then
+    local found = collect_wakes(entitled(effective_limit(limits[i]), aging), '', grace, {})
+    for j = 1, #found, 2 do
+      wakes[#wakes + 1] = i
+      wakes[#wakes + 1] = found[j]
+      wakes[#wakes + 1] = found[j + 1]
+    end
+  end
+end
+for _, v in ipairs(wakes) do out[#out + 1] = v end
+return out

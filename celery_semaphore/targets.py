@@ -1,0 +1,174 @@
+"""What one call of a limited task takes: the concrete semaphores, weights and partition.
+
+:func:`resolve` turns a :class:`~.spec.LimitSpec` and a call (its arguments and the queue it
+came from) into a :class:`Plan`: for each member a :class:`Target` (the formatted name, its limit
+after ``semaphore_limits``, the weight, the partition's cap) plus the partition and its share
+weight.  The task body's wrapper (:mod:`.runtime`) and the worker's gate (:mod:`.gate`) both
+use it, so a task is counted the same way wherever it acquires.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+import threading
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from . import _validate, config
+from .spec import LimitSpec, Member, _Queue
+from .templates import Template, call_arguments
+
+__all__ = ["Plan", "Target", "arguments_of", "resolve"]
+
+
+@dataclass(frozen=True)
+class Target:
+    """One semaphore a call takes."""
+
+    member: Member
+    name: str
+    limit: int
+    weight: int
+    #: the most units the call's partition may hold of this semaphore (None: no cap)
+    partition_cap: int | None = None
+
+    @property
+    def template(self) -> str | None:
+        """The name template (or callable) this name was made from; None for a fixed name."""
+        return self.member.name if self.member.dynamic_name else None
+
+
+@dataclass(frozen=True)
+class Plan:
+    targets: tuple[Target, ...]
+    #: the partition (line) the call waits in; "" is the default (one line)
+    partition: str = ""
+    partition_weight: int = 1
+
+    def fair(self, target: Target) -> dict[str, Any]:
+        """The partition arguments of the core's try_acquire/acquire/wait for ``target``."""
+        return {
+            "partition": self.partition,
+            "partition_cap": target.partition_cap,
+            "partition_weight": self.partition_weight,
+        }
+
+
+_sig_lock = threading.Lock()
+_signatures: dict[tuple[int, str], inspect.Signature] = {}
+
+
+def arguments_of(task: Any, args: Sequence[Any], kwargs: Mapping[str, Any]) -> dict[str, Any]:
+    """The call's bound arguments by parameter name (``self`` of a bound task left out)."""
+    key = (id(task.app), task.name)
+    sig = _signatures.get(key)
+    if sig is None:
+        # task.run of a bound task is a bound method: its signature leaves ``self`` out
+        sig = inspect.signature(task.run)
+        with _sig_lock:
+            _signatures[key] = sig
+    try:
+        return call_arguments(sig, args, kwargs)
+    except TypeError as exc:
+        raise TypeError(
+            f"task {task.name}: the arguments do not fit its signature: {exc}"
+        ) from None
+
+
+def resolve(
+    task: Any,
+    spec: LimitSpec,
+    args: Sequence[Any],
+    kwargs: Mapping[str, Any],
+    queue: str | None,
+    *,
+    partition: str | None = None,
+) -> Plan:
+    """The targets of one call.  ``partition``, when given, is the one this execution already
+    waits in (kept across parking and the gate's hand-over); else it is worked out here."""
+    conf = task.app.conf
+    arguments = arguments_of(task, args, kwargs) if spec.uses_arguments else {}
+    if partition is None:
+        partition = _short(_partition(task, spec, arguments, queue))
+    targets = tuple(_target(task, conf, m, arguments, partition) for m in spec.members)
+    names = tuple(n for t in targets for n in (t.name, t.member.name))
+    weight = config.partition_weight(conf, names, spec.queue_weights, partition)
+    return Plan(targets, partition, weight)
+
+
+#: partition names longer than this (UTF-8 bytes) are shortened to a head and a hash (the core
+#: takes at most 1024 bytes)
+MAX_PARTITION_TEXT = 200
+
+
+def _short(partition: str) -> str:
+    """``partition``, or for a long one its head, ``~`` and the SHA-256 of the whole."""
+    data = partition.encode("utf-8", errors="surrogatepass")
+    if len(data) <= MAX_PARTITION_TEXT:
+        return partition
+    return f"{partition[:64]}~{hashlib.sha256(data).hexdigest()}"
+
+
+def _partition(task: Any, spec: LimitSpec, arguments: Mapping[str, Any], queue: str | None) -> str:
+    rule = spec.partition
+    if rule is None:
+        return ""
+    if isinstance(rule, _Queue):
+        return queue or ""
+    if isinstance(rule, Template):
+        return rule.render(arguments)
+    value = rule(arguments)
+    if value is None:
+        return ""
+    if not isinstance(value, str):
+        raise TypeError(
+            f"task {task.name}: the partition callable returned {type(value).__name__} "
+            f"{value!r}; it must return a str (or None for the default partition)"
+        )
+    return value
+
+
+def _target(
+    task: Any, conf: Any, member: Member, arguments: Mapping[str, Any], partition: str
+) -> Target:
+    if member.name_fn is not None:
+        value = member.name_fn(arguments)
+        if not isinstance(value, str) or not value:
+            raise TypeError(
+                f"task {task.name}: the name callable {member.name} returned "
+                f"{type(value).__name__} {value!r}; it must return a non-empty str"
+            )
+        name = value
+    elif member.template is not None and member.template.dynamic:
+        name = member.template.render(arguments)
+        if not name:
+            raise ValueError(
+                f"task {task.name}: the semaphore name template {member.name!r} gave an empty "
+                "name for this call; give it some fixed text, e.g. 'api:{customer_id}'"
+            )
+    else:
+        name = member.name
+    template = member.name if member.dynamic_name else None
+    limit = config.semaphore_limit(conf, name, member.limit, template)
+    weight = member.weight
+    where = "semaphore_limits" if limit != member.limit else "limit="
+    if member.weight_fn is not None:
+        weight = _validate.positive_int(
+            f"task {task.name}: weight (from {member.weight_fn!r})", member.weight_fn(arguments)
+        )
+    if weight > limit:
+        raise ValueError(
+            f"task {task.name}: weight={weight} exceeds the limit of semaphore {name!r} "
+            f"({limit}, from {where}); use a weight from 1 to {limit}"
+        )
+    names = (name, member.name) if template is not None else (name,)
+    cap = config.partition_cap(conf, names, member.queue_limits, partition)
+    if cap is not None and weight > cap:
+        raise ValueError(
+            f"task {task.name}: weight={weight} exceeds the cap of partition {partition!r} on "
+            f"semaphore {name!r} ({cap}, from queue_limits); the run would never fit; use a "
+            f"weight from 1 to {cap} or raise the cap"
+        )
+    return Target(member, name, limit, weight, cap)

@@ -1,0 +1,192 @@
+"""``python -m example_project --quick`` end to end: its own Redis, two real worker nodes, the
+limits held (counted inside the task bodies), a valid PNG, and no process left behind, also
+when it is interrupted with Ctrl-C."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import struct
+import subprocess
+import sys
+import time
+import zlib
+from pathlib import Path
+
+import pytest
+
+from celery_semaphore.testing import find_redis_server_binary
+
+ROOT = Path(__file__).resolve().parents[2]
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
+
+
+@pytest.fixture(autouse=True)
+def _redis_server_binary() -> None:
+    if find_redis_server_binary() is None:
+        message = "no redis-server binary for the demo's own Redis"
+        if os.environ.get("CI", "").strip().lower() == "true":
+            pytest.fail(message, pytrace=False)
+        pytest.skip(message)
+
+
+def _environ() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k != "REDIS_URL"}  # a Redis of its own
+    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+def _process_groups(output: str) -> list[int]:
+    """The process groups the demo says it started (``... process groups: 123 (...), ...``)."""
+    line = next(x for x in output.splitlines() if "process groups:" in x)
+    return [int(part.split()[0]) for part in line.split("process groups:")[1].split(",")]
+
+
+def _gone(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:  # pragma: no cover - a recycled id owned by someone else
+        return True
+    return False
+
+
+def png_pixels(data: bytes) -> tuple[int, int, bytes]:
+    """Check a PNG's structure (signature, chunk CRCs, IHDR, IDAT size); return its width,
+    height and the decompressed scanlines."""
+    assert data[:8] == b"\x89PNG\r\n\x1a\n"
+    pos, chunks = 8, []
+    while pos < len(data):
+        (length,) = struct.unpack(">I", data[pos : pos + 4])
+        kind, body = data[pos + 4 : pos + 8], data[pos + 8 : pos + 8 + length]
+        (crc,) = struct.unpack(">I", data[pos + 8 + length : pos + 12 + length])
+        assert crc == zlib.crc32(kind + body), f"bad CRC in {kind!r}"
+        chunks.append((kind, body))
+        pos += 12 + length
+    assert chunks[0][0] == b"IHDR"
+    assert chunks[-1][0] == b"IEND"
+    width, height, depth, color, *_ = struct.unpack(">IIBBBBB", chunks[0][1])
+    assert (depth, color) == (8, 2)
+    raw = zlib.decompress(b"".join(b for k, b in chunks if k == b"IDAT"))
+    assert len(raw) == height * (1 + 3 * width)
+    return width, height, raw
+
+
+def test_quick_demo_holds_its_limits(tmp_path: Path) -> None:
+    summary_path, png_path = tmp_path / "summary.json", tmp_path / "plot.png"
+    proc = subprocess.run(
+        [
+            *(sys.executable, "-m", "example_project", "--quick"),
+            *("--json", str(summary_path), "--png", str(png_path)),
+        ],
+        cwd=tmp_path,  # not the checkout: the demo must not depend on it
+        env=_environ(),
+        capture_output=True,
+        text=True,
+        timeout=200,
+        check=False,
+    )
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 0, output[-5000:]
+    summary = json.loads(summary_path.read_text())
+    assert summary["ok"], summary
+    assert summary["complete"], summary
+    assert summary["sent"] == summary["done"] > 0
+    limits = {item["semaphore"]: item for item in summary["limits"]}
+    # the global, the per-customer (one semaphore each, from the task's argument), the weighted
+    assert set(limits) == {"payment-gateway", "llm:acme", "llm:globex", "gpu"}
+    assert limits["payment-gateway"]["queues"]["bulk"]["cap"] == 2
+    for name in ("payment-gateway", "llm:acme", "gpu"):  # flooded: they reached their limit
+        assert limits[name]["peak"] == limits[name]["limit"], limits[name]
+    for name, item in limits.items():
+        assert 1 <= item["peak"] <= item["limit"], f"{name}: {item}"
+        assert item["leaked_permits"] == 0, f"{name}: {item}"
+        for queue, seen in item["queues"].items():
+            assert seen["cap"] is None or seen["peak"] <= seen["cap"], f"{name} {queue}"
+    assert sum(item["tasks_done"] for item in limits.values()) == summary["done"]
+    queues = summary["queues"]
+    assert {q for q, v in queues.items() if v["tasks"]} == {"interactive", "bulk"}
+    # the billing flood on bulk does not make the checkouts on interactive wait behind it
+    checkout, billing = (
+        queues["interactive"]["by_task"]["charge"],
+        queues["bulk"]["by_task"]["charge"],
+    )
+    assert checkout["wait_p50"] < billing["wait_p50"], queues
+    # the summary table is printed too, and the plot is where it says
+    assert "most at once" in proc.stdout
+    assert str(png_path) in proc.stdout
+    width, height, raw = png_pixels(png_path.read_bytes())
+    assert width >= 400
+    assert height >= 100 * len(limits)
+    stride = 1 + 3 * width  # a filter byte, then RGB
+    colours = {
+        raw[y * stride + 1 + 3 * x : y * stride + 4 + 3 * x]
+        for y in range(height)
+        for x in range(0, width, 2)
+    }
+    assert len(colours) >= 4  # axes, limit line, series: something was drawn
+    for pgid in _process_groups(proc.stdout):
+        assert _gone(pgid), f"process group {pgid} outlived the demo"
+
+
+def test_the_demo_fails_when_the_limits_are_off(tmp_path: Path) -> None:
+    """The demo's check can fail: with the semaphores switched off, the services see more
+    calls at once than their limits, and the demo says so with exit status 1."""
+    summary_path = tmp_path / "summary.json"
+    proc = subprocess.run(
+        [
+            *(sys.executable, "-m", "example_project", "--quick"),
+            *("--json", str(summary_path), "--png", str(tmp_path / "p.png")),
+        ],
+        cwd=tmp_path,
+        env={**_environ(), "EXAMPLE_SEMAPHORE_ENABLED": "0"},
+        capture_output=True,
+        text=True,
+        timeout=200,
+        check=False,
+    )
+    assert proc.returncode == 1, (proc.stdout + proc.stderr)[-5000:]
+    assert "LIMIT EXCEEDED" in proc.stdout
+    summary = json.loads(summary_path.read_text())
+    assert summary["complete"]
+    assert not summary["ok"]
+    over = {item["semaphore"] for item in summary["limits"] if not item["held"]}
+    assert "payment-gateway" in over, summary["limits"]
+
+
+def test_ctrl_c_twice_stops_every_process_it_started(tmp_path: Path) -> None:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "example_project", "--png", str(tmp_path / "p.png")],
+        cwd=tmp_path,
+        env=_environ(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+    lines: list[str] = []
+    try:
+        assert proc.stdout is not None
+        deadline = time.monotonic() + 90
+        for line in proc.stdout:  # wait until the flood is under way (the first live line)
+            lines.append(line)
+            if ("sent" in line and "done" in line) or time.monotonic() > deadline:
+                break
+        groups = _process_groups("".join(lines))
+        assert len(groups) == 3, lines  # redis-server and two workers
+        os.killpg(proc.pid, signal.SIGINT)  # what Ctrl-C in a terminal does
+        time.sleep(0.3)
+        os.killpg(proc.pid, signal.SIGINT)  # an impatient second Ctrl-C, during the clean-up
+        rest, _ = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=10)
+    assert proc.returncode == 130, "".join(lines) + rest
+    assert "interrupted" in rest
+    for pgid in groups:
+        assert _gone(pgid), f"process group {pgid} outlived the demo"
