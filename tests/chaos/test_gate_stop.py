@@ -53,6 +53,8 @@ class Request:
     def __init__(self, task: Any) -> None:
         self.task, self.name, self.id = task, task.name, str(uuid.uuid4())
         self.request_dict: dict[str, Any] = {"retries": 0}
+        self.args: list[Any] = []
+        self.kwargs: dict[str, Any] = {}
         self.delivery_info: dict[str, Any] = {}
         self.expires = None
         self.time_start = None
