@@ -24,7 +24,6 @@ makes before that is not prevented.
 from __future__ import annotations
 
 import threading
-from contextlib import suppress
 from typing import Any
 
 from . import clock, logs
@@ -88,27 +87,23 @@ def detect(sem: Semaphore) -> bool:
 
 
 def lost_at_grant(sem: Semaphore, fence: int) -> bool:
-    """A new grant (status GRANTED) came with fencing token ``fence``: True when it is not
-    above every token this process saw before, which only happens on a state that was lost
-    (the counter started again).  Then the loss is noted as by :func:`detect` (quarantine
-    included), and the caller must give the grant back and wait: the Redis call that made it
-    may itself have been the first one on the restarted server (redis-py re-sends a call
-    whose connection dropped), before any sweep could notice."""
+    """A new grant (status GRANTED) came with fencing token ``fence``.  When it is not above
+    every token this process saw before (a hint: the counter may have started again), the
+    boot marker is read at once (:func:`detect`): the Redis call that made the grant may
+    itself have been the first one on a restarted server (redis-py re-sends a call whose
+    connection dropped), before any sweep could notice.  True when the state was lost and
+    the grant must be given back (fail_closed): the caller then waits.  (The hint alone
+    proves nothing: grants of other processes and threads race with this one.)"""
     with _lock:
         seen = _fence.get(id(sem))
         _fence[id(sem)] = max(fence, seen or 0)
         if seen is None or fence > seen:
             return False
-    with suppress(Exception):  # the marker is checked again by the next sweep
+    try:
         detect(sem)
-    with _lock:
-        _fence[id(sem)] = fence
-        _lost_at[id(sem)] = clock.monotonic()
-        policy, window = _config.get(id(sem), ("fail_closed", None))
-        seconds = sem.lease_ttl if window is None else window
-        if policy == "fail_closed" and seconds > 0 and id(sem) not in _until:
-            _until[id(sem)] = clock.monotonic() + seconds
-    return policy == "fail_closed" and seconds > 0
+    except Exception:  # Redis failing again: the next sweep checks the marker
+        return False
+    return quarantined(sem) > 0
 
 
 def quarantined(sem: Any) -> float:

@@ -53,6 +53,8 @@ class Request:
     def __init__(self, task: Any) -> None:
         self.task, self.name, self.id = task, task.name, str(uuid.uuid4())
         self.request_dict: dict[str, Any] = {"retries": 0}
+        self.args: list[Any] = []
+        self.kwargs: dict[str, Any] = {}
         self.delivery_info: dict[str, Any] = {}
         self.expires = None
         self.time_start = None
@@ -74,7 +76,7 @@ def app(redis_server: RedisServer) -> Iterator[Celery]:
 
 
 def test_a_grant_not_handed_over_before_stop_is_released(app: Celery) -> None:
-    @app.task(bind=True, name="gate_stop.limited")
+    @app.task(bind=True, name="gate_stop.limited", shared=False)  # not on other apps
     @limited("main", limit=1, lease_ttl=60)
     def job(self: Any) -> None:
         pass
