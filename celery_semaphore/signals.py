@@ -12,11 +12,13 @@
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from celery import signals
+from celery.exceptions import TimeLimitExceeded
 
-from . import config, connection, events, logs, targets, worker_hooks
+from . import children, config, connection, events, logs, targets, worker_hooks
 from .decorators import spec_of
 from .exceptions import SemaphoreError
 from .runtime import handled_here, lock_for, lock_names
@@ -157,17 +159,38 @@ def _release_dead(task: Any, task_id: str | None, request: Any, why: str) -> Non
         )
 
 
+def _release_after_exit(
+    pids: set[int], task: Any, task_id: str | None, request: Any, why: str
+) -> None:
+    """Release once the process that ran the body is gone (see :mod:`.children`)."""
+
+    def still_running() -> None:
+        log.warning(
+            "the process that ran task %s is still alive %.0fs after %s; its permit comes back "
+            "when its lease expires",
+            task.name,
+            children.EXIT_WAIT,
+            why,
+            semaphore=getattr(spec_of(task), "name", None),
+            task_id=task_id,
+        )
+
+    children.after_exit(pids, lambda: _release_dead(task, task_id, request, why), still_running)
+
+
 def _on_task_failure(
     sender: Any = None, task_id: str | None = None, exception: BaseException | None = None, **_: Any
 ) -> None:
     if sender is None:
         return
-    _release_dead(
-        sender,
-        task_id,
-        getattr(sender, "request", None),
-        f"{type(exception).__name__} in the worker",
-    )
+    request = getattr(sender, "request", None)  # a thread-local: read it now
+    why = f"{type(exception).__name__} in the worker"
+    if isinstance(exception, TimeLimitExceeded) and spec_of(sender) is not None:
+        # billiard runs this before it kills the child: wait until one of the pool's children
+        # (the one running the body) is gone
+        _release_after_exit(children.pool_children(), sender, task_id, request, why)
+        return
+    _release_dead(sender, task_id, request, why)
 
 
 def _on_task_revoked(
@@ -175,7 +198,11 @@ def _on_task_revoked(
 ) -> None:
     if sender is None or request is None or not terminated:
         return
-    _release_dead(sender, getattr(request, "id", None), request, "revoke(terminate=True)")
+    pid = getattr(request, "worker_pid", None)  # announced as the signal is sent
+    pids = {pid} if isinstance(pid, int) and pid != os.getpid() else set()
+    _release_after_exit(
+        pids, sender, getattr(request, "id", None), request, "revoke(terminate=True)"
+    )
 
 
 _connected = False

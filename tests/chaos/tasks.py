@@ -11,7 +11,9 @@ variables); ``CS_CHAOS_DIR`` names the directory of the independent counter and 
 * ``retry``: the first attempt calls ``self.retry()`` (a new execution, a new permit);
 * ``soft``: sleep until the soft time limit (send it with ``soft_time_limit=``), return "soft";
 * ``kill``: SIGKILL its own process (the pool reports ``WorkerLostError``);
-* ``sleep`` is ``ok``, named for the tests that interrupt it (hard time limit, revoke, kills).
+* ``sleep`` is ``ok``, named for the tests that interrupt it (hard time limit, revoke, kills);
+* ``stubborn`` is ``sleep`` in a process that ignores SIGTERM, so a hard time limit's TERM
+  leaves it running until billiard's SIGKILL 0.1 s later.
 
 ``late_step`` is the same with ``acks_late`` and ``reject_on_worker_lost``; its mode
 ``kill_once`` SIGKILLs its process on the first delivery only (a marker file tells them apart),
@@ -80,6 +82,8 @@ def _run(task: Any, tag: str, seconds: float, mode: str) -> str:
             else:
                 time.sleep(seconds)
                 os.kill(os.getpid(), signal.SIGKILL)
+        if mode == "stubborn":
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
         if mode == "soft":
             try:
                 time.sleep(max(seconds, 30.0))

@@ -87,7 +87,9 @@ def test_sigkill_child_mid_task(chaos: Chaos) -> None:
 
 def test_hard_and_soft_time_limits(chaos: Chaos) -> None:
     chaos.load(4, 0.3)
-    hard = [chaos.send("sleep", 30.0, expect=("FAILURE:TimeLimitExceeded",), time_limit=1.0)]
+    # its process outlives the TERM: the permit must not come back before it is dead (billiard
+    # runs the failure handlers before it kills the child)
+    hard = [chaos.send("stubborn", 30.0, expect=("FAILURE:TimeLimitExceeded",), time_limit=1.0)]
     soft = [chaos.send("soft", 0.1, soft_time_limit=0.5) for _ in range(2)]
     chaos.load(4, 0.3)
     wait_until(lambda: _body_started(chaos, hard[0].id), 60, what="the hard-limited body runs")
