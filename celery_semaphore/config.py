@@ -17,9 +17,11 @@ Settings that only exist at app level: ``semaphore_redis_url``, ``semaphore_redi
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+import threading
+import weakref
+from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
 from . import _validate, connection
@@ -45,6 +47,60 @@ __all__ = [
 ]
 
 LEASE_LOST_POLICIES = ("log", "raise")
+
+_T = TypeVar("_T")
+
+# -- memo: what the settings give, worked out once while they stay the same ----------------
+#
+# Celery's ``conf.get`` tries several spellings of a key through a chain of dicts (tens of
+# microseconds each), and a limited task reads about thirty settings on its way through the
+# gate and the body: on a 20 ms task that was a measurable share of a worker's CPU.  What is
+# derived from the settings is kept per ``conf`` object, keyed also by the identity of every
+# value in ``conf.changes`` (where ``conf.update`` and ``conf.x = ...`` write), so a change
+# made through Celery's API is seen at once; ``config_from_object`` makes a new ``conf``.
+# (A value mutated in place, e.g. ``conf.semaphore_limits["x"] = 3``, is not seen; assign a
+# new dict.)  A plain mapping (no ``changes``) is never memoised.
+
+_memo_lock = threading.Lock()
+_memos: dict[int, tuple[weakref.ReferenceType[Any], tuple[int, ...], dict[Hashable, Any]]] = {}
+
+
+def _generation(conf: Any) -> tuple[int, ...] | None:
+    changes = getattr(conf, "changes", None)
+    if not isinstance(changes, dict):
+        return None
+    return (len(changes), *map(id, changes.values()))
+
+
+def memo(conf: Any, key: Hashable, compute: Callable[[], _T]) -> _T:
+    """``compute()``, remembered for ``conf`` under ``key`` while its settings stay the same."""
+    generation = _generation(conf)
+    if generation is None:
+        return compute()
+    found = _memos.get(id(conf))
+    if found is None or found[0]() is not conf or found[1] != generation:
+        try:
+            ref = weakref.ref(conf)
+        except TypeError:
+            return compute()
+        found = (ref, generation, {})
+        with _memo_lock:
+            _memos[id(conf)] = found
+            for dead in [k for k, v in _memos.items() if v[0]() is None]:
+                del _memos[dead]
+    table = found[2]
+    try:
+        return table[key]  # type: ignore[no-any-return]
+    except KeyError:
+        pass
+    value = compute()
+    table[key] = value
+    return value
+
+
+def setting(conf: Any, key: str, default: Any = None) -> Any:
+    """``conf.get(key, default)``, memoised (see :func:`memo`)."""
+    return memo(conf, ("get", key, default), lambda: conf.get(key, default))
 
 
 def _bool(param: str, value: object) -> bool:
@@ -360,8 +416,12 @@ def partition_cap(
 ) -> int | None:
     """The cap of ``partition`` on a semaphore: ``semaphore_queue_limits`` under its concrete
     name, then under its name template (``names``, in that order), then ``queue_limits=``."""
-    table = _per_semaphore(
-        "semaphore_queue_limits", conf.get("semaphore_queue_limits", None), queue_limits_map
+    table = memo(
+        conf,
+        "queue_limits",
+        lambda: _per_semaphore(
+            "semaphore_queue_limits", conf.get("semaphore_queue_limits", None), queue_limits_map
+        ),
     )
     for name in names:
         caps = (table or {}).get(name)
@@ -375,8 +435,12 @@ def partition_weight(
 ) -> int:
     """The share weight of ``partition``: ``semaphore_queue_weights`` under the first of
     ``names`` that lists it, then ``queue_weights=``, else 1."""
-    table = _per_semaphore(
-        "semaphore_queue_weights", conf.get("semaphore_queue_weights", None), queue_weights_map
+    table = memo(
+        conf,
+        "queue_weights",
+        lambda: _per_semaphore(
+            "semaphore_queue_weights", conf.get("semaphore_queue_weights", None), queue_weights_map
+        ),
     )
     for name in names:
         weights = (table or {}).get(name)
@@ -470,6 +534,15 @@ class ResolvedOptions:
 
 def resolve(conf: Any, task_options: Mapping[str, Any]) -> ResolvedOptions:
     """Task option, then app setting, then default, for every row of the table."""
+    try:
+        key: Hashable = ("resolve", *sorted(task_options.items()))
+        hash(key)
+    except TypeError:  # an unhashable option value: nothing to remember it by
+        return _resolve(conf, task_options)
+    return memo(conf, key, lambda: _resolve(conf, task_options))
+
+
+def _resolve(conf: Any, task_options: Mapping[str, Any]) -> ResolvedOptions:
     values: dict[str, Any] = {}
     for opt in OPTIONS.values():
         if opt.name in task_options:
@@ -487,7 +560,12 @@ def resolve(conf: Any, task_options: Mapping[str, Any]) -> ResolvedOptions:
 def semaphore_limit(conf: Any, name: str, code_limit: int, template: str | None = None) -> int:
     """``semaphore_limits[name]`` when configured, else ``semaphore_limits[template]`` (the
     name template of a dynamic name), else the limit given in code."""
-    limits = _limits("semaphore_limits", conf.get("semaphore_limits", None)) or {}
+    limits = (
+        memo(
+            conf, "limits", lambda: _limits("semaphore_limits", conf.get("semaphore_limits", None))
+        )
+        or {}
+    )
     if name in limits:
         return limits[name]
     return limits.get(template, code_limit) if template is not None else code_limit
@@ -496,7 +574,7 @@ def semaphore_limit(conf: Any, name: str, code_limit: int, template: str | None 
 def redis_url_for(conf: Any) -> str:
     """``semaphore_redis_url``, else a redis(s):// or sentinel:// result backend, else such a
     broker."""
-    return _redis_source(conf)[0]
+    return memo(conf, "redis_source", lambda: _redis_source(conf))[0]
 
 
 _FALLBACK_SCHEMES = ("redis", "rediss", "sentinel")

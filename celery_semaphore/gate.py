@@ -200,7 +200,7 @@ class Gate:
         spec = self._spec(req)
         # A grant travels only from this gate to its pool: never trust one a message brought.
         req.request_dict.pop(GATE_HEADER, None)
-        if spec is None or not self.app.conf.get("semaphore_enabled", True):
+        if spec is None or not config.setting(self.app.conf, "semaphore_enabled", True):
             return self._dispatch_to_pool(req)
         stamp_queue(req, self.app, self.consumer)
         try:

@@ -16,6 +16,7 @@ parked Celery task (an expired lease, a release from a script or the CLI).
 
 from __future__ import annotations
 
+import math
 import os
 import threading
 from collections.abc import Callable
@@ -54,6 +55,9 @@ class Heartbeat:
         self._changed = threading.Event()
         self._watched: dict[int, Semaphore] = {}
         self._next_sweep = 0.0
+        #: when the thread wakes next (inf while it works out its next sleep): a new permit
+        #: due later needs no wake-up, which saves a thread switch per task
+        self._wake_at = math.inf
 
     def watch(self, semaphore: Semaphore) -> None:
         """Sweep ``semaphore`` about once a second from now on (in this process)."""
@@ -78,7 +82,9 @@ class Heartbeat:
         with self._lock:
             self._entries[id(permit)] = entry
             self._ensure_thread()
-        self._changed.set()
+            signal = entry.due < self._wake_at
+        if signal:
+            self._changed.set()
 
     def unregister(self, permit: Permit) -> None:
         with self._lock:
@@ -94,6 +100,7 @@ class Heartbeat:
         if self._pid != pid or self._thread is None or not self._thread.is_alive():
             self._pid = pid
             self._changed = threading.Event()
+            self._wake_at = math.inf
             self._thread = threading.Thread(
                 target=self._loop, name="celery-semaphore-heartbeat", daemon=True
             )
@@ -113,6 +120,8 @@ class Heartbeat:
     def _tick(self) -> None:
         with self._lock:
             entries = list(self._entries.values())
+            self._wake_at = math.inf
+            self._changed.clear()
         now = clock.monotonic()
         next_due = now + 5.0
         for entry in entries:
@@ -125,8 +134,9 @@ class Heartbeat:
                 self._sweep()
                 self._next_sweep = clock.monotonic() + SWEEP_INTERVAL
             next_due = min(next_due, self._next_sweep)
+        with self._lock:
+            self._wake_at = next_due
         self._changed.wait(max(0.01, next_due - clock.monotonic()))
-        self._changed.clear()
 
     def _sweep(self) -> None:
         with self._lock:

@@ -190,8 +190,8 @@ def semaphore_for(app: Any, name: str, limit: int, lease_ttl: float) -> Semaphor
     """The (cached) Semaphore for ``name`` under ``app``'s settings, in this process."""
     conf = app.conf
     url = config.redis_url_for(conf)
-    prefix = conf.get("semaphore_key_prefix", "celery_semaphore")
-    hash_tag = conf.get("semaphore_hash_tag", None)
+    prefix = config.setting(conf, "semaphore_key_prefix", "celery_semaphore")
+    hash_tag = config.setting(conf, "semaphore_hash_tag", None)
     key = (os.getpid(), url, prefix, hash_tag, name, limit, lease_ttl, id(app))
     now = clock.monotonic()
     with _cache_lock:
@@ -354,7 +354,7 @@ def run_limited(
     permit of each semaphore ``spec`` names for this call."""
     app = task.app
     conf = app.conf
-    if not conf.get("semaphore_enabled", True):
+    if not config.setting(conf, "semaphore_enabled", True):
         return call()  # explicitly disabled (e.g. in the user's unit tests)
     request = task.request
     opts = config.resolve(conf, spec.options)
