@@ -142,6 +142,12 @@ class Snapshot:
     #: partitions with live holders or waiters, by name
     partitions: list[PartitionInfo] = field(default_factory=list)
     grants_total: int = 0  #: grants ever made (the fencing-token counter)
+    #: seconds a permit was held, averaged over recent releases (an exponential moving
+    #: average: each release moves it 1/8 of the way to its own hold time; kept in whole ms);
+    #: None before the first release.  Only releases count: not leases reclaimed after expiry
+    hold_time_avg: float | None = None
+    #: leases ever reclaimed after they expired (whoever's call noticed it)
+    reclaimed_total: int = 0
 
     @property
     def available(self) -> int:
@@ -849,7 +855,8 @@ class Semaphore:
         override_text = _text(reply[2])
         override = int(override_text) if override_text else None
         n_holders, n_waiters, n_parts = int(reply[3]), int(reply[4]), int(reply[5])
-        rest = reply[7:]
+        hold_text = _text(reply[7])
+        rest = reply[9:]
         holders = []
         for i in range(n_holders):
             token, expiry, weight, fence, acquired, owner, part = rest[7 * i : 7 * i + 7]
@@ -903,6 +910,8 @@ class Semaphore:
             waiters=[info for _, info in found],
             partitions=partitions,
             grants_total=int(reply[6]),
+            hold_time_avg=int(hold_text) / 1000 if hold_text else None,
+            reclaimed_total=int(reply[8]),
         )
 
     def available(self) -> int:

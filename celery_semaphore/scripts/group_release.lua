@@ -8,7 +8,7 @@
 -- ARGV[4] limits    each member's limit (the caller's; a runtime override wins), in order
 --
 -- Returns {member count m, m statuses (as release.lua's), wake triples (member index, ticket,
--- data)...}.
+-- data)...}.  Each member released now updates its own moving average of hold times.
 local token, claim = ARGV[1], ARGV[3]
 local tomb_ms, grace, aging = string.match(ARGV[2], '^(%S+) (%S+) (%S+)$')
 tomb_ms, grace, aging = tonumber(tomb_ms), tonumber(grace), tonumber(aging)
@@ -19,15 +19,16 @@ local m = #KEYS / 3
 local limits = {}
 for value in string.gmatch(ARGV[4], '%S+') do limits[#limits + 1] = tonumber(value) end
 
-local held = {}
+local held, avgs = {}, {}
 for i = 1, m do
   use(i)
-  held[i] = begin('h:' .. token) or false
+  local holder, hold_avg = begin('h:' .. token, 'hold_avg')
+  held[i], avgs[i] = holder or false, hold_avg or false
 end
 local out, wakes = {m}, {}
 for i = 1, m do
   use(i)
-  out[#out + 1] = release_holder(token, held[i], claim, tomb_ms)
+  out[#out + 1] = release_holder(token, held[i], claim, tomb_ms, avgs[i])
   if waiting > 0 then
     local found = collect_wakes(entitled(effective_limit(limits[i]), aging), '', grace, {})
     for j = 1, #found, 2 do

@@ -13,7 +13,8 @@
 --                        granted under this claim (another copy's permit is left alone)
 --
 -- Returns {status, wake pairs...}: status 1 released now, 2 released already (tombstone),
--- 0 not held (lost to lease expiry or never granted), 3 held under another claim.
+-- 0 not held (lost to lease expiry or never granted), 3 held under another claim.  A release
+-- now (1) updates the moving average of hold times (see release_holder()).
 local token, claim = ARGV[1], ARGV[3]
 local client_limit, tomb_ms, grace, aging = string.match(ARGV[2], '^(%S+) (%S+) (%S+) (%S+)$')
 client_limit, tomb_ms, grace = tonumber(client_limit), tonumber(tomb_ms), tonumber(grace)
@@ -21,9 +22,9 @@ aging = tonumber(aging)
 if not (client_limit and tomb_ms and grace and aging) then
   return redis.error_reply('ERR release: ARGV[2] is not four numbers: ' .. ARGV[2])
 end
-local held = begin('h:' .. token)
+local held, hold_avg = begin('h:' .. token, 'hold_avg')
 
-local status = release_holder(token, held or false, claim, tomb_ms)
+local status = release_holder(token, held or false, claim, tomb_ms, hold_avg or false)
 
 if waiting == 0 then return {status} end  -- nobody in line: nobody to wake
 return collect_wakes(entitled(effective_limit(client_limit), aging), '', grace, {status})
