@@ -573,17 +573,25 @@ class Semaphore:
         return part, -1 if cap is None else cap, part_weight
 
     def release_token(
-        self, token: str, *, tombstone_ttl: float | None = None, claim: str = ""
+        self,
+        token: str,
+        *,
+        tombstone_ttl: float | None = None,
+        claim: str = "",
+        timed: bool = True,
     ) -> bool:
         """Release the permit held under ``token``.  True if it was held (or this very release
         was already applied by a re-sent call); False if it was not held.  With ``claim``,
         only a permit granted under that claim is released.  ``tombstone_ttl=0`` leaves no
-        tombstone (the token may be acquired again at once)."""
+        tombstone (the token may be acquired again at once).  ``timed=False``: the hold ended
+        no finished work (a forced release, a grant given back unused), so it does not count
+        in :attr:`Snapshot.hold_time_avg`."""
         tomb = _validate.optional_non_negative_seconds("tombstone_ttl", tombstone_ttl)
         tomb_ms = self._ms(DEFAULT_TOMBSTONE_TTL) if tomb is None else int(tomb * 1000)
         # see release.lua for the ARGV; the integers travel as one argument
         reply = self._run(
-            "release", [token, f"{self.limit} {tomb_ms} 1000 {self._aging_ms}", claim]
+            "release",
+            [token, f"{self.limit} {tomb_ms} 1000 {self._aging_ms} {1 if timed else 0}", claim],
         )
         if len(reply) > 1:
             self._wake(reply[1:])

@@ -366,23 +366,27 @@ local function position(ticket, info)
 end
 
 -- Release the holder `token` (held: its state field, or false; hold_avg: the state's 'hold_avg'
--- field as read, or false).  Returns 1 released now, 2 released already (tombstone), 0 not
--- held, 3 held under another claim (claim '' matches any).  Only a release now (1) counts its
--- hold time (now - acquired) into hold_avg: an exponential moving average, alpha 1/8, in
--- integer ms (the first release sets it).
-local function release_holder(token, held, claim, tomb_ms, hold_avg)
+-- field as read, or false; timed: whether this release ends a hold worth timing).  Returns 1
+-- released now, 2 released already (tombstone), 0 not held, 3 held under another claim (claim
+-- '' matches any).  Only a timed release now (1) counts its hold time (now - acquired) into
+-- hold_avg: an exponential moving average, alpha 1/8, in integer ms (the first sets it).
+local function release_holder(token, held, claim, tomb_ms, hold_avg, timed)
   if not held then
     if tombstone(token) then return 2 end
     return 0
   end
   local weight, _, held_claim, aside, part, at = parse_holder(held)
   if claim ~= '' and held_claim ~= claim then return 3 end
-  local hold = math.max(0, now - (tonumber(at) or now))
-  local avg = tonumber(hold_avg)
-  if avg then avg = math.floor((7 * avg + hold + 4) / 8) else avg = hold end
   -- the holder's member becomes the tombstone (tombstone_ms 0: gone at the next call)
   used = math.max(0, used - weight)
-  redis.call('HSET', K_STATE, 'used', used, 'hold_avg', avg)
+  if timed then
+    local hold = math.max(0, now - (tonumber(at) or now))
+    local avg = tonumber(hold_avg)
+    if avg then avg = math.floor((7 * avg + hold + 4) / 8) else avg = hold end
+    redis.call('HSET', K_STATE, 'used', used, 'hold_avg', avg)
+  else
+    redis.call('HSET', K_STATE, 'used', used)
+  end
   redis.call('HDEL', K_STATE, 'h:' .. token)
   redis.call('ZADD', K_EXP, now + tomb_ms, 'h:' .. token)
   if aside then redis.call('ZREM', K_EXP, 'd:' .. token) end  -- this release's counts now

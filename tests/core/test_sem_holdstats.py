@@ -154,3 +154,33 @@ def test_a_member_released_alone_counts_in_that_member_only(
     assert permit.release() is True
     assert a.inspect().hold_time_avg is not None
     assert b.inspect().hold_time_avg is None
+
+
+def test_an_untimed_release_frees_the_units_but_counts_no_hold(
+    make_semaphore: SemaphoreFactory,
+) -> None:
+    sem = make_semaphore("untimed", 1)
+    hold(sem, 0.05)
+    avg = sem.inspect().hold_time_avg
+    assert avg is not None
+    # a forced release / a grant given back unused: not a hold of finished work
+    permit = sem.acquire(blocking=False)
+    assert permit is not None
+    time.sleep(0.3)
+    assert sem.release_token(permit.token, timed=False) is True
+    snap = sem.inspect()
+    assert (snap.used, snap.hold_time_avg) == (0, avg)
+    # before any timed release there is still no average
+    fresh = make_semaphore("untimed-fresh", 1)
+    given_back = fresh.acquire(blocking=False)
+    assert given_back is not None
+    assert fresh.release_token(given_back.token, timed=False) is True
+    assert fresh.inspect().hold_time_avg is None
+    # groups too
+    a = make_semaphore("untimed-a", 1)
+    group = SemaphoreGroup([(a, 1), (fresh, 1)])
+    gp = group.acquire(blocking=False)
+    assert gp is not None
+    assert group.release_token(gp.token, timed=False) is True
+    assert (a.inspect().hold_time_avg, fresh.inspect().hold_time_avg) == (None, None)
+    assert (a.inspect().used, fresh.inspect().used) == (0, 0)

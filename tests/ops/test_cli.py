@@ -265,6 +265,17 @@ def test_explain_estimates_from_the_average_hold_of_recent_releases(
     assert "(recent releases); 0 lease(s) expired and taken back; 5 permit(s) granted" in shown
 
 
+def test_forced_releases_do_not_count_as_hold_times(
+    cli: Cli, make_semaphore: SemaphoreFactory
+) -> None:
+    sem, p1, _ = fill_alpha(make_semaphore)
+    assert cli("release", "alpha", p1.token, "--yes").exit_code == 0
+    assert sem.inspect().hold_time_avg is None
+    assert cli("reset", "alpha", "--yes").exit_code == 0
+    snap = sem.inspect()
+    assert (snap.used, snap.hold_time_avg) == (0, None)
+
+
 def test_show_counts_expired_leases(cli: Cli, make_semaphore: SemaphoreFactory) -> None:
     sem = make_semaphore("alpha", 3, lease_ttl=0.2)
     assert sem.acquire(blocking=False) is not None
