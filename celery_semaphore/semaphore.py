@@ -144,7 +144,8 @@ class Snapshot:
     grants_total: int = 0  #: grants ever made (the fencing-token counter)
     #: seconds a permit was held, averaged over recent releases (an exponential moving
     #: average: each release moves it 1/8 of the way to its own hold time; kept in whole ms);
-    #: None before the first release.  Only releases count: not leases reclaimed after expiry
+    #: None before the first release.  Only releases of finished work count: not leases
+    #: reclaimed after expiry, nor ``release_token(..., timed=False)`` (a forced release)
     hold_time_avg: float | None = None
     #: leases ever reclaimed after they expired (whoever's call noticed it)
     reclaimed_total: int = 0

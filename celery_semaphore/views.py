@@ -169,7 +169,8 @@ def _hold_estimate(snap: Snapshot) -> tuple[float | None, str]:
     if not ages:
         return None, "no holder to estimate from"
     # A holder seen mid-way has run about half its hold on average (for holds of similar
-    # length), so twice the mean age is the guess; nothing has been released yet.
+    # length), so twice the mean age is the guess: nothing has been released yet (or every
+    # hold so far was under a millisecond).
     return 2 * sum(ages) / len(ages), (
         "twice the current holders' mean age (no hold-time history is available)"
     )
