@@ -332,7 +332,7 @@ def release(
         if not confirmed:
             _fail("release cancelled (use --yes to skip the question)", EXIT_CANCELLED)
     for holder in targets:
-        released = sem.release_token(holder.token)
+        released = sem.release_token(holder.token, timed=False)  # its task did not end
         audit.record(
             ops.client,
             ops.prefix,
@@ -385,7 +385,7 @@ def reset(ctx: click.Context, /, name: str, yes: bool, forget: bool, **_: Any) -
         if not confirmed:
             _fail("reset cancelled (use --yes to skip the question)", EXIT_CANCELLED)
     withdrawn = sum(1 for w in snap.waiters if sem.withdraw(w.ticket))
-    released = sum(1 for h in snap.holders if sem.release_token(h.token))
+    released = sum(1 for h in snap.holders if sem.release_token(h.token, timed=False))
     sem.reclaim()
     forgotten = registry.forget(ops.client, ops.prefix, name) if forget else False
     audit.record(

@@ -109,6 +109,13 @@ def listing(rows: Sequence[Mapping[str, Any]], prefix: str) -> str:
     return "\n".join(out)
 
 
+def _average(seconds: float | None) -> str:
+    """The average hold of recent releases, or why there is none."""
+    if seconds is None:
+        return "- (nothing released yet)"
+    return f"{duration(seconds)} (recent releases)"
+
+
 def detail(data: Mapping[str, Any]) -> str:
     lines = [
         f"semaphore {data['name']!r}: limit {_limit(data)}",
@@ -116,6 +123,9 @@ def detail(data: Mapping[str, Any]) -> str:
         f"holder(s); {data['waiting']} waiting"
         + (f" (oldest {duration(data['oldest_wait'])})" if data["waiting"] else ""),
         f"tasks: {_tasks(data['tasks'], 5)}",
+        f"held on average: {_average(data.get('hold_time_avg'))}; "
+        f"{data.get('reclaimed_total', 0)} lease(s) expired and taken back; "
+        f"{data.get('grants_total', 0)} permit(s) granted so far",
     ]
     for part in data["partitions"]:
         lines.append(f"  {_partition_line(part)}")

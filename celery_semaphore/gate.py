@@ -378,7 +378,7 @@ class Gate:
 
     def _give_back(self, entry: _Entry) -> None:
         try:
-            entry.sem.release_token(entry.ticket, claim=entry.claim, tombstone_ttl=0)
+            entry.sem.release_token(entry.ticket, claim=entry.claim, tombstone_ttl=0, timed=False)
         except SemaphoreError as exc:
             log.warning(
                 "could not give back a grant: %s",
@@ -478,14 +478,20 @@ class Gate:
                 exc = getattr(exc, "exc", exc)  # billiard's ExceptionWithTraceback wraps it
                 if isinstance(exc, WorkerLostError):
                     # no tombstone: a redelivery (reject_on_worker_lost) must run, not drop
-                    self._release(entry, "the process running it was lost", tombstone_ttl=0)
+                    self._release(
+                        entry, "the process running it was lost", tombstone_ttl=0, timed=True
+                    )
 
         req.on_failure = on_failure
 
-    def _release(self, entry: _Entry, why: str, tombstone_ttl: float | None = None) -> None:
+    def _release(
+        self, entry: _Entry, why: str, tombstone_ttl: float | None = None, timed: bool = False
+    ) -> None:
+        """Release for the task when its body will not release itself; ``timed`` when the
+        body ran (its hold counts in the hold-time average), not when it never started."""
         try:
             released = entry.sem.release_token(
-                entry.ticket, claim=entry.claim, tombstone_ttl=tombstone_ttl
+                entry.ticket, claim=entry.claim, tombstone_ttl=tombstone_ttl, timed=timed
             )
         except SemaphoreError as exc:
             log_release.error(

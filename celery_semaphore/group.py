@@ -331,15 +331,26 @@ class SemaphoreGroup:
         return [partition_caps.get(name) for name in self.names]
 
     def release_token(
-        self, token: str, *, tombstone_ttl: float | None = None, claim: str = ""
+        self,
+        token: str,
+        *,
+        tombstone_ttl: float | None = None,
+        claim: str = "",
+        timed: bool = True,
     ) -> bool:
         """Release ``token``'s permit in every member.  True when it was held (or this very
-        release was already applied) in at least one member."""
+        release was already applied) in at least one member.  ``timed``: as in
+        :meth:`Semaphore.release_token`."""
         tomb = _validate.optional_non_negative_seconds("tombstone_ttl", tombstone_ttl)
         tomb_ms = int((DEFAULT_TOMBSTONE_TTL if tomb is None else tomb) * 1000)
         reply = self._run(
             "group_release",
-            [token, f"{tomb_ms} 1000 {self._aging_ms()}", claim, self._limits()],
+            [
+                token,
+                f"{tomb_ms} 1000 {self._aging_ms()} {1 if timed else 0}",
+                claim,
+                self._limits(),
+            ],
         )
         m = int(reply[0])
         statuses = [int(v) for v in reply[1 : 1 + m]]

@@ -278,13 +278,9 @@ class SemaphoreCollector(Collector):
                             p_cap.add_metric(label, cap)
                         p_used.add_metric(label, float(part.get("used") or 0))
                         p_wait.add_metric(label, float(part.get("waiting") or 0))
-                    # counters the core keeps in Redis, when it reports them
-                    reclaimed = getattr(snap, "reclaimed_total", None)
-                    if isinstance(reclaimed, int):
-                        expired.add_metric([name], reclaimed)
-                    granted = getattr(snap, "grants_total", None)
-                    if isinstance(granted, int):
-                        grants.add_metric([name], granted)
+                    # counters the core keeps in Redis
+                    expired.add_metric([name], snap.reclaimed_total)
+                    grants.add_metric([name], snap.grants_total)
         except Exception as exc:  # a scrape must answer: report Redis down, not a 500
             log.warning(
                 "celery-semaphore metrics: reading Redis failed: %s",

@@ -675,7 +675,7 @@ def _check_grant(lock: Lock, attempt: Attempt, ticket: str, claim: str) -> None:
     if attempt.status is not AttemptStatus.GRANTED or attempt.permit is None:
         return
     if lost_at_grant(lock, attempt.permit):
-        lock.release_token(ticket, claim=claim, tombstone_ttl=0)
+        lock.release_token(ticket, claim=claim, tombstone_ttl=0, timed=False)
         quarantine_guard(lock)
 
 

@@ -142,6 +142,13 @@ class Snapshot:
     #: partitions with live holders or waiters, by name
     partitions: list[PartitionInfo] = field(default_factory=list)
     grants_total: int = 0  #: grants ever made (the fencing-token counter)
+    #: seconds a permit was held, averaged over recent releases (an exponential moving
+    #: average: each release moves it 1/8 of the way to its own hold time; kept in whole ms);
+    #: None before the first release.  Only releases of finished work count: not leases
+    #: reclaimed after expiry, nor ``release_token(..., timed=False)`` (a forced release)
+    hold_time_avg: float | None = None
+    #: leases ever reclaimed after they expired (whoever's call noticed it)
+    reclaimed_total: int = 0
 
     @property
     def available(self) -> int:
@@ -567,17 +574,25 @@ class Semaphore:
         return part, -1 if cap is None else cap, part_weight
 
     def release_token(
-        self, token: str, *, tombstone_ttl: float | None = None, claim: str = ""
+        self,
+        token: str,
+        *,
+        tombstone_ttl: float | None = None,
+        claim: str = "",
+        timed: bool = True,
     ) -> bool:
         """Release the permit held under ``token``.  True if it was held (or this very release
         was already applied by a re-sent call); False if it was not held.  With ``claim``,
         only a permit granted under that claim is released.  ``tombstone_ttl=0`` leaves no
-        tombstone (the token may be acquired again at once)."""
+        tombstone (the token may be acquired again at once).  ``timed=False``: the hold ended
+        no finished work (a forced release, a grant given back unused), so it does not count
+        in :attr:`Snapshot.hold_time_avg`."""
         tomb = _validate.optional_non_negative_seconds("tombstone_ttl", tombstone_ttl)
         tomb_ms = self._ms(DEFAULT_TOMBSTONE_TTL) if tomb is None else int(tomb * 1000)
         # see release.lua for the ARGV; the integers travel as one argument
         reply = self._run(
-            "release", [token, f"{self.limit} {tomb_ms} 1000 {self._aging_ms}", claim]
+            "release",
+            [token, f"{self.limit} {tomb_ms} 1000 {self._aging_ms} {1 if timed else 0}", claim],
         )
         if len(reply) > 1:
             self._wake(reply[1:])
@@ -849,7 +864,8 @@ class Semaphore:
         override_text = _text(reply[2])
         override = int(override_text) if override_text else None
         n_holders, n_waiters, n_parts = int(reply[3]), int(reply[4]), int(reply[5])
-        rest = reply[7:]
+        hold_text = _text(reply[7])
+        rest = reply[9:]
         holders = []
         for i in range(n_holders):
             token, expiry, weight, fence, acquired, owner, part = rest[7 * i : 7 * i + 7]
@@ -903,6 +919,8 @@ class Semaphore:
             waiters=[info for _, info in found],
             partitions=partitions,
             grants_total=int(reply[6]),
+            hold_time_avg=int(hold_text) / 1000 if hold_text else None,
+            reclaimed_total=int(reply[8]),
         )
 
     def available(self) -> int:

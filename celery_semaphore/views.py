@@ -98,6 +98,9 @@ def summary(entry: Known, snap: Snapshot) -> dict[str, Any]:
         "holders": len(snap.holders),
         "waiting": len(snap.waiters),
         "oldest_wait": round(oldest, 3),
+        "hold_time_avg": None if snap.hold_time_avg is None else round(snap.hold_time_avg, 3),
+        "reclaimed_total": snap.reclaimed_total,
+        "grants_total": snap.grants_total,
         "tasks": sorted(entry.tasks),
         "partitions": _partitions(snap),
         "found_in": sorted(entry.found_in),
@@ -159,14 +162,15 @@ def find_task(snap: Snapshot, task_id: str) -> tuple[list[HolderInfo], list[Wait
 
 def _hold_estimate(snap: Snapshot) -> tuple[float | None, str]:
     """Seconds a permit is typically held, and how that was found."""
-    recent = getattr(snap, "hold_time_avg", None)
-    if isinstance(recent, (int, float)) and recent > 0:
-        return float(recent), "the average hold time of recent releases"
+    recent = snap.hold_time_avg
+    if recent is not None and recent > 0:
+        return recent, "the average hold time of recent releases"
     ages = [snap.server_time - h.acquired_at for h in snap.holders]
     if not ages:
         return None, "no holder to estimate from"
     # A holder seen mid-way has run about half its hold on average (for holds of similar
-    # length), so twice the mean age is the guess; no release history is kept yet.
+    # length), so twice the mean age is the guess: nothing has been released yet (or every
+    # hold so far was under a millisecond).
     return 2 * sum(ages) / len(ages), (
         "twice the current holders' mean age (no hold-time history is available)"
     )

@@ -8,7 +8,11 @@
 --                           'd:'..token   a tombstone set aside by a new grant (see grant())
 --   KEYS[2] state   HASH  counters:  used (units held), seq (arrival counter),
 --                                    fence (grant counter), limit_override (runtime limit, optional),
---                                    pused (units held by partitions other than '')
+--                                    pused (units held by partitions other than ''),
+--                                    hold_avg (moving average of hold times, ms: each release
+--                                    moves it 1/8 of the way to its hold; absent before the
+--                                    first release), reclaimed (leases taken back after expiry,
+--                                    ever; absent before the first)
 --                         'h:'..token   a holder:  "<weight> <fence> <acquired ms> <aside>
 --                                                   <#claim> <#partition> <claim><partition><owner>"
 --                                       (aside: 1 when its grant set a tombstone aside)
@@ -146,12 +150,14 @@ local function part_changed(part, units)
   end
 end
 
--- A holder's state field: weight, fence, claim, aside, partition (the owner is never needed).
+-- A holder's state field: weight, fence, claim, aside, partition, acquired ms (as text; the
+-- owner is never needed).
 local function parse_holder(raw)
-  local w, f, aside, n, np, p = string.match(raw, '^(%d+) (%S+) %S+ ([01]) (%d+) (%d+) ()')
+  local w, f, at, aside, n, np, p =
+    string.match(raw, '^(%d+) (%S+) (%S+) ([01]) (%d+) (%d+) ()')
   local stop = p + tonumber(n)
   return tonumber(w), tonumber(f), string.sub(raw, p, stop - 1), aside == '1',
-    string.sub(raw, stop, stop + tonumber(np) - 1)
+    string.sub(raw, stop, stop + tonumber(np) - 1), at
 end
 
 -- (weight as text, as the caller sent it; the usual empty claim and partition spare a number
@@ -181,17 +187,20 @@ end
 -- Take back the units of holders whose lease ran out, forget waiters whose place expired, and
 -- drop old tombstones: the `expired` members (vals: begin()'s HMGET reply for `...`, its
 -- fields; those just removed are set to false there, and partition records re-read).  Reads
--- first, like begin().
+-- first, like begin().  Adds the holders reclaimed to the state's running total `reclaimed`
+-- (read with the expired fields, written with `used`: no extra call).
 local function reclaim(expired, vals, ...)
-  local raws = redis.call('HMGET', K_STATE, unpack(expired))
-  local freed, members, gone = 0, {}, {}
+  -- raws[1]: the running total; raws[i + 1]: expired[i]'s field
+  local raws = redis.call('HMGET', K_STATE, 'reclaimed', unpack(expired))
+  local freed, members, gone, count = 0, {}, {}, 0
   local parts, part_freed = {}, 0  -- partition -> units freed (0: lost a waiter)
   for i, member in ipairs(expired) do
     gone[member] = true
-    local kind, raw = string.sub(member, 1, 2), raws[i]
+    local kind, raw = string.sub(member, 1, 2), raws[i + 1]
     if kind == 'h:' then
       if raw then  -- a holder whose lease ran out (without a field: a tombstone's time is up)
         reclaimed = reclaimed + 1
+        count = count + 1
         local w, _, _, _, part = parse_holder(raw)
         freed = freed + w
         parts[part] = (parts[part] or 0) + w
@@ -206,9 +215,9 @@ local function reclaim(expired, vals, ...)
   redis.call('ZREM', K_EXP, unpack(expired))
   redis.call('HDEL', K_STATE, unpack(expired))
   if #members > 0 then waiting = waiting - redis.call('ZREM', K_LINE, unpack(members)) end
-  if freed > 0 then
+  if freed > 0 or count > 0 then
     used = math.max(0, used - freed)
-    redis.call('HSET', K_STATE, 'used', used)
+    redis.call('HSET', K_STATE, 'used', used, 'reclaimed', (tonumber(raws[1]) or 0) + count)
   end
   if part_freed > 0 then set_pused(math.max(0, pused - part_freed)) end
   for part, units in pairs(parts) do part_changed(part, units) end
@@ -356,19 +365,28 @@ local function position(ticket, info)
     '(' .. line_member(info.p, info.seq, ticket))
 end
 
--- Release the holder `token` (held: its state field, or false).  Returns 1 released now,
--- 2 released already (tombstone), 0 not held, 3 held under another claim (claim '' matches
--- any).
-local function release_holder(token, held, claim, tomb_ms)
+-- Release the holder `token` (held: its state field, or false; hold_avg: the state's 'hold_avg'
+-- field as read, or false; timed: whether this release ends a hold worth timing).  Returns 1
+-- released now, 2 released already (tombstone), 0 not held, 3 held under another claim (claim
+-- '' matches any).  Only a timed release now (1) counts its hold time (now - acquired) into
+-- hold_avg: an exponential moving average, alpha 1/8, in integer ms (the first sets it).
+local function release_holder(token, held, claim, tomb_ms, hold_avg, timed)
   if not held then
     if tombstone(token) then return 2 end
     return 0
   end
-  local weight, _, held_claim, aside, part = parse_holder(held)
+  local weight, _, held_claim, aside, part, at = parse_holder(held)
   if claim ~= '' and held_claim ~= claim then return 3 end
   -- the holder's member becomes the tombstone (tombstone_ms 0: gone at the next call)
   used = math.max(0, used - weight)
-  redis.call('HSET', K_STATE, 'used', used)
+  if timed then
+    local hold = math.max(0, now - (tonumber(at) or now))
+    local avg = tonumber(hold_avg)
+    if avg then avg = math.floor((7 * avg + hold + 4) / 8) else avg = hold end
+    redis.call('HSET', K_STATE, 'used', used, 'hold_avg', avg)
+  else
+    redis.call('HSET', K_STATE, 'used', used)
+  end
   redis.call('HDEL', K_STATE, 'h:' .. token)
   redis.call('ZADD', K_EXP, now + tomb_ms, 'h:' .. token)
   if aside then redis.call('ZREM', K_EXP, 'd:' .. token) end  -- this release's counts now

@@ -3,31 +3,33 @@
 --
 -- KEYS: three per member (see group_acquire.lua).
 -- ARGV[1] token
--- ARGV[2] numbers   three integers: tombstone_ms wake_grace_ms aging_ms (as in release.lua)
+-- ARGV[2] numbers   four integers: tombstone_ms wake_grace_ms aging_ms timed (as in release.lua)
 -- ARGV[3] claim     as in release.lua
 -- ARGV[4] limits    each member's limit (the caller's; a runtime override wins), in order
 --
 -- Returns {member count m, m statuses (as release.lua's), wake triples (member index, ticket,
--- data)...}.
+-- data)...}.  Each member released now (timed) updates its own moving average of hold times.
 local token, claim = ARGV[1], ARGV[3]
-local tomb_ms, grace, aging = string.match(ARGV[2], '^(%S+) (%S+) (%S+)$')
+local tomb_ms, grace, aging, timed = string.match(ARGV[2], '^(%S+) (%S+) (%S+) ([01])$')
 tomb_ms, grace, aging = tonumber(tomb_ms), tonumber(grace), tonumber(aging)
 if not (tomb_ms and grace and aging) then
-  return redis.error_reply('ERR group_release: ARGV[2] is not three numbers: ' .. ARGV[2])
+  return redis.error_reply('ERR group_release: ARGV[2] is not four numbers: ' .. ARGV[2])
 end
+timed = timed == '1'
 local m = #KEYS / 3
 local limits = {}
 for value in string.gmatch(ARGV[4], '%S+') do limits[#limits + 1] = tonumber(value) end
 
-local held = {}
+local held, avgs = {}, {}
 for i = 1, m do
   use(i)
-  held[i] = begin('h:' .. token) or false
+  local holder, hold_avg = begin('h:' .. token, 'hold_avg')
+  held[i], avgs[i] = holder or false, hold_avg or false
 end
 local out, wakes = {m}, {}
 for i = 1, m do
   use(i)
-  out[#out + 1] = release_holder(token, held[i], claim, tomb_ms)
+  out[#out + 1] = release_holder(token, held[i], claim, tomb_ms, avgs[i], timed)
   if waiting > 0 then
     local found = collect_wakes(entitled(effective_limit(limits[i]), aging), '', grace, {})
     for j = 1, #found, 2 do

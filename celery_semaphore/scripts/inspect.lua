@@ -5,6 +5,8 @@
 --
 -- Returns {now ms, used, limit_override or '', holder count, waiter count, partition count,
 --          grants so far (the fence counter),
+--          average hold time of recent releases in ms ('' before the first release),
+--          leases reclaimed after expiry so far,
 --          holders: token, lease expiry ms, weight, fencing token, acquired ms, owner JSON,
 --                   partition (repeated, by lease expiry),
 --          waiters: ticket, place expiry ms, weight, since ms, wake data, owner JSON,
@@ -20,7 +22,7 @@ redis.call('ZCARD', K_EXP)  -- read every key, so foreign data there is reported
 local state = redis.call('HGETALL', K_STATE)
 local order = redis.call('ZRANGE', K_LINE, 0, -1)
 
-local fields, holder_fields, override, fence = {}, {}, '', 0
+local fields, holder_fields, override, fence, hold_avg, reclaimed_total = {}, {}, '', 0, '', 0
 local records = {}
 for i = 1, #state, 2 do
   local field = state[i]
@@ -33,6 +35,10 @@ for i = 1, #state, 2 do
     override = state[i + 1]
   elseif field == 'fence' then
     fence = tonumber(state[i + 1])
+  elseif field == 'hold_avg' then
+    hold_avg = state[i + 1]
+  elseif field == 'reclaimed' then
+    reclaimed_total = tonumber(state[i + 1]) or 0
   end
 end
 
@@ -128,7 +134,8 @@ for _, name in ipairs(names) do
   partitions[#partitions + 1] = weight
 end
 
-local reply = {now, live_used, override, #holders / 7, #waiters / 9, #partitions / 5, fence}
+local reply = {now, live_used, override, #holders / 7, #waiters / 9, #partitions / 5, fence,
+               hold_avg, reclaimed_total}
 for _, v in ipairs(holders) do reply[#reply + 1] = v end
 for _, v in ipairs(waiters) do reply[#reply + 1] = v end
 for _, v in ipairs(partitions) do reply[#reply + 1] = v end

@@ -98,12 +98,16 @@ def test_a_grant_not_handed_over_before_stop_is_released(app: Celery) -> None:
         assert gate.on_task_request(req) is None
         assert gate.held() == [f"{req.id}:0"]  # waiting in the gate
         blocker.permit.release()  # wakes the gate in this process: it grants at once
+        blocker_hold = sem.inspect().hold_time_avg
+        assert blocker_hold is not None
         wait_until(lambda: consumer.soon, 10, what="the gate asked the hub to hand it over")
         assert [h.owner["task_id"] for h in sem.holders()] == [req.id]
     finally:
         gate.stop()
         state.task_ready(req)
     assert sem.holders() == []  # given back at stop, not after the 60 s lease
+    # a grant given back unused is no hold time: the average is still the blocker's
+    assert sem.inspect().hold_time_avg == blocker_hold
     for fn, args in consumer.soon:  # a hub that runs them after all: nothing is dispatched
         fn(*args)
     assert dispatched == []

@@ -244,6 +244,9 @@ class SemaphoreMachine(RuleBasedStateMachine):
         # an expiry was injected and no operation has reclaimed it yet
         self.pending = False
         self.unreclaimed = 0  # weight of those injected lease expiries
+        self.leases_expired = 0  # lease expiries injected so far
+        self.unreclaimed_leases = 0  # of those, not reclaimed yet
+        self.released_any = False  # a holder was released (not a re-send): a hold was timed
         self.woken: list[str] = []  # waiters named by the current operation
 
     def _on_wake(self, ticket: str, data: str) -> None:
@@ -253,6 +256,7 @@ class SemaphoreMachine(RuleBasedStateMachine):
     def _begin(self) -> None:
         self.pending = False
         self.unreclaimed = 0
+        self.unreclaimed_leases = 0
         self.woken = []
 
     def _check_wakes(self) -> None:
@@ -336,6 +340,7 @@ class SemaphoreMachine(RuleBasedStateMachine):
     @rule(ticket=TICKETS)
     def release(self, ticket: str) -> None:
         self._begin()
+        self.released_any = self.released_any or ticket in self.model.holders
         assert self.sem.release_token(ticket, tombstone_ttl=LONG) is self.model.release(ticket)
         self._check_wakes()
 
@@ -362,6 +367,8 @@ class SemaphoreMachine(RuleBasedStateMachine):
         # inject the fault: the lease ran out long ago; the next operation reclaims it
         assert self.client.zadd(self.sem.keys.expiry, {"h:" + ticket: 0}, xx=True, ch=True) == 1
         self.unreclaimed += self.model.holders.pop(ticket)[0]
+        self.leases_expired += 1
+        self.unreclaimed_leases += 1
         self.model.tidy()
         self.pending = True
 
@@ -414,6 +421,10 @@ class SemaphoreMachine(RuleBasedStateMachine):
         # the next operation reclaims)
         raw = self.client.hget(self.sem.keys.state, "used")
         assert int(raw or 0) == self.model.used + self.unreclaimed
+        # the operator counters: every injected lease expiry reclaimed counts once; the hold
+        # average exists once a holder was released (re-sends and expiries are no holds)
+        assert snap.reclaimed_total == self.leases_expired - self.unreclaimed_leases
+        assert (snap.hold_time_avg is not None) is self.released_any
         if not self.pending:
             # no partition record outlives its partition's holders and waiters
             fields = {_str(f) for f in self.client.hkeys(self.sem.keys.state)}

@@ -10,6 +10,7 @@ import getpass
 import json
 import logging
 import socket
+import time
 from typing import Any
 
 import pytest
@@ -230,6 +231,63 @@ def test_explain_a_waiting_task(cli: Cli, make_semaphore: SemaphoreFactory) -> N
     assert "cap: the semaphore's limit, 3 (code)" in text
     assert "estimate: about" in text
     assert "parked" in text
+
+
+def test_explain_estimates_from_the_average_hold_of_recent_releases(
+    cli: Cli, make_semaphore: SemaphoreFactory
+) -> None:
+    sem = make_semaphore("alpha", 3)
+    for _ in range(3):  # some history: holds of about 0.2 s
+        permit = sem.acquire(blocking=False)
+        assert permit is not None
+        time.sleep(0.2)
+        permit.release()
+    average = sem.inspect().hold_time_avg
+    assert average is not None
+    assert 0.19 <= average < 0.5
+    fill_alpha(make_semaphore)
+    [why] = json.loads(cli("explain", "t4", "--json").stdout)
+    assert why["estimate_basis"] == "the average hold time of recent releases"
+    assert why["hold_estimate"] == round(average, 3)
+    # 3 units must come free, 3 turn over per average hold
+    assert why["estimate"] == round(3 * average / 3, 1)
+    text = cli("explain", "t4").stdout
+    assert "the average hold time of recent releases" in text
+
+    data = json.loads(cli("show", "alpha", "--json").stdout)
+    assert (data["hold_time_avg"], data["reclaimed_total"], data["grants_total"]) == (
+        round(average, 3),
+        0,
+        5,
+    )
+    shown = cli("show", "alpha").stdout
+    assert "held on average: 0." in shown
+    assert "(recent releases); 0 lease(s) expired and taken back; 5 permit(s) granted" in shown
+
+
+def test_forced_releases_do_not_count_as_hold_times(
+    cli: Cli, make_semaphore: SemaphoreFactory
+) -> None:
+    sem, p1, _ = fill_alpha(make_semaphore)
+    assert cli("release", "alpha", p1.token, "--yes").exit_code == 0
+    assert sem.inspect().hold_time_avg is None
+    assert cli("reset", "alpha", "--yes").exit_code == 0
+    snap = sem.inspect()
+    assert (snap.used, snap.hold_time_avg) == (0, None)
+
+
+def test_show_counts_expired_leases(cli: Cli, make_semaphore: SemaphoreFactory) -> None:
+    sem = make_semaphore("alpha", 3, lease_ttl=0.2)
+    assert sem.acquire(blocking=False) is not None
+    fresh = json.loads(cli("show", "alpha", "--json").stdout)
+    assert (fresh["hold_time_avg"], fresh["reclaimed_total"]) == (None, 0)
+    assert "held on average: - (nothing released yet); 0 lease(s)" in cli("show", "alpha").stdout
+    time.sleep(0.3)
+    assert make_semaphore("alpha", 3).acquire(blocking=False) is not None  # takes it back
+    data = json.loads(cli("show", "alpha", "--json").stdout)
+    assert (data["hold_time_avg"], data["reclaimed_total"]) == (None, 1)
+    [row] = [r for r in json.loads(cli("list", "--json").stdout) if r["name"] == "alpha"]
+    assert row["reclaimed_total"] == 1
 
 
 def test_explain_a_holding_task_and_one_not_there(

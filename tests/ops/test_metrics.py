@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -186,6 +187,28 @@ def test_the_collector_reads_the_gauges_from_redis(
     assert value("celery_semaphore_limit_overridden", "beta") == 1
     assert value("celery_semaphore_in_use", "beta") == 0
     assert registry.get_sample_value("celery_semaphore_redis_up") == 1
+
+
+def test_the_collector_counts_expired_leases_whoever_took_them_back(
+    app: Celery, make_semaphore: SemaphoreFactory
+) -> None:
+    alpha = make_semaphore("alpha", 3, lease_ttl=0.2)
+    registry = CollectorRegistry()
+    registry.register(metrics.SemaphoreCollector(app))
+
+    def value(name: str) -> float | None:
+        return registry.get_sample_value(name, {"semaphore": "alpha"})
+
+    assert value("celery_semaphore_leases_expired_total") == 0
+    assert value("celery_semaphore_grants_total") == 0
+    alpha.acquire(owner=owner("t1"), weight=2)
+    alpha.acquire(owner=owner("t2"))
+    time.sleep(0.3)
+    # another client's acquire (not a worker's sweep) finds both leases expired
+    assert make_semaphore("alpha", 3).acquire(owner=owner("t3"), blocking=False) is not None
+    assert value("celery_semaphore_leases_expired_total") == 2
+    assert value("celery_semaphore_grants_total") == 3
+    assert value("celery_semaphore_in_use") == 1
 
 
 def test_the_collector_reports_redis_down_instead_of_failing() -> None:

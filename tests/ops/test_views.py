@@ -1,10 +1,10 @@
-"""Partition data is shown when the core reports it (``Snapshot.partitions``,
-``WaiterInfo.partition``), and the wait estimate uses the core's hold-time average when there
-is one.  The snapshots here are built by hand, in the shape the core is expected to grow."""
+"""Partition data is shown (``Snapshot.partitions``, ``WaiterInfo.partition``), and the wait
+estimate uses the core's hold-time average when there is one.  The snapshots here are built
+by hand (the same paths against the real core: test_cli.py, test_metrics.py)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -17,12 +17,6 @@ from celery_semaphore.semaphore import HolderInfo, PartitionInfo, Snapshot, Wait
 
 def Partition(name: str, used: int, waiters: int, cap: int | None) -> PartitionInfo:
     return PartitionInfo(name, used, waiters, cap, 1)
-
-
-@dataclass(frozen=True)
-class PartitionedSnapshot(Snapshot):
-    hold_time_avg: float | None = None
-    reclaimed_total: int = 0
 
 
 NOW = 1_000_000.0
@@ -38,8 +32,8 @@ def waiter(task_id: str, position: int, partition: str) -> WaiterInfo:
     )
 
 
-def snapshot(**extra: Any) -> PartitionedSnapshot:
-    return PartitionedSnapshot(
+def snapshot(**extra: Any) -> Snapshot:
+    return Snapshot(
         name="gpu",
         limit=4,
         limit_override=None,
