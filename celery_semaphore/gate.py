@@ -44,6 +44,7 @@ from typing import Any
 
 from celery import bootsteps
 from celery.exceptions import WorkerLostError
+from redis.exceptions import ResponseError
 
 from . import clock, config, events, logs, queues, targets
 from .exceptions import SemaphoreError
@@ -144,6 +145,7 @@ class Gate:
         self._thread: threading.Thread | None = None
         self._specs: dict[str, LimitSpec | None] = {}
         self._vt = config.visibility_timeout(self.app.conf)
+        self._blmpop = True  # until the server says it has no BLMPOP (before Redis 7)
         #: the pool takes work from any thread (the threads pool's executor is thread-safe),
         #: and nothing else (an autoscaler's semaphore) sits between it and the consumer
         self._direct = _submit_anywhere(consumer) and getattr(dispatch, "__name__", "") == (
@@ -556,13 +558,25 @@ class Gate:
         return client_for(config.redis_url_for(self.app.conf), self.app.conf)
 
     def _take_wakes(self, client: Any, wait: float) -> list[str]:
-        found = client.blpop([self.key], timeout=wait)
-        if found is None:
-            return []
-        tickets = [found[1]]
-        more = client.lpop(self.key, WAKE_BATCH)
-        if more:
-            tickets.extend(more)
+        tickets: list[Any] = []
+        if self._blmpop:
+            # Redis 7: one round trip takes the whole batch
+            try:
+                found = client.blmpop(wait, 1, self.key, direction="LEFT", count=WAKE_BATCH)
+            except ResponseError as exc:
+                if "unknown command" not in str(exc).lower():
+                    raise
+                self._blmpop = False  # Redis 6: BLPOP, then LPOP the rest
+            else:
+                tickets = list(found[1]) if found else []
+        if not self._blmpop:
+            first = client.blpop([self.key], timeout=wait)
+            if first is None:
+                return []
+            tickets = [first[1]]
+            more = client.lpop(self.key, WAKE_BATCH)
+            if more:
+                tickets.extend(more)
         return [t.decode() if isinstance(t, bytes) else str(t) for t in tickets]
 
     def _tick(self) -> None:

@@ -931,7 +931,8 @@ def release_with_retry(
     """Release, retrying briefly on a Redis blip; then leave it to lease expiry, logged."""
     delays = (0.05, 0.2, 0.5)
     for attempt, delay in enumerate((0.0, *delays)):
-        clock.sleep(delay)
+        if delay:
+            clock.sleep(delay)
         try:
             return permit.release(tombstone_ttl=tombstone_ttl)
         except SemaphoreBackendError as exc:
