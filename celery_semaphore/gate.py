@@ -4,8 +4,10 @@ Celery hands every task the worker receives to ``Consumer.on_task_request``, whi
 the pool.  The gate, a consumer bootstep installed at ``worker_init`` when the app has limited
 tasks and ``semaphore_worker_hold`` is above 0, wraps that call for limited tasks:
 
-* the task is tried at once, in one script: if granted, it goes to the pool with its grant in
-  the request (``semaphore_gate``), and the body starts without another round trip;
+* the task is tried at once, in one script, by the gate's arrivals thread (so the consumer
+  goes on taking messages, unlimited ones included, without waiting for Redis): if granted,
+  it goes to the pool with its grant in the request (``semaphore_gate``), and the body starts
+  without another round trip;
 * otherwise the request is **held** in the consumer: unacknowledged, like an ETA task, and off
   the pool, so the slot stays free for other work; the consumer's prefetch window grows by one
   for each held task, so other messages keep flowing.  Its place in the semaphore's FIFO line
@@ -15,7 +17,8 @@ tasks and ``semaphore_worker_hold`` is above 0, wraps that call for limited task
 
 A timeline of a task that waits, then runs (``T`` arrives while the limit is taken)::
 
-    consumer   T received ──► try_acquire("T-id:0") → WAITING, position 2 ──► held (no slot)
+    consumer   T received ──► held (no slot) ──► arrivals thread: try_acquire("T-id:0")
+                                                  → WAITING, position 2
     any worker a holder's body ends ──► release names T ──► LPUSH T onto T's node wake list
     gate thread BLPOP returns T ──► try_acquire → GRANTED ──► hub.call_soon(dispatch T)
     consumer   T goes to the pool with its grant ──► the body runs, releases in ``finally``
@@ -38,6 +41,7 @@ import socket
 import threading
 import time
 import uuid
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -109,6 +113,8 @@ class _Entry:
     busy: bool = False
     #: a wake-up came while busy: try again once the current attempt is done
     again: bool = False
+    #: its first attempt (by the arrivals thread) is done
+    tried: bool = False
     #: place in line at the last attempt (0 = head)
     position: int | None = None
     #: seconds the place lives without a refresh
@@ -143,6 +149,10 @@ class Gate:
         self._counted = 0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        #: requests received and not tried yet, oldest first (see _take_arrivals)
+        self._arrivals: deque[_Entry] = deque()
+        self._arrived = threading.Condition(threading.Lock())
+        self._arrivals_thread: threading.Thread | None = None
         self._specs: dict[str, LimitSpec | None] = {}
         self._vt = config.visibility_timeout(self.app.conf)
         self._blmpop = True  # until the server says it has no BLMPOP (before Redis 7)
@@ -159,6 +169,10 @@ class Gate:
         register_gate(self.key, self)
         self._thread = threading.Thread(target=self._run, name="celery-semaphore-gate", daemon=True)
         self._thread.start()
+        self._arrivals_thread = threading.Thread(
+            target=self._take_arrivals, name="celery-semaphore-gate-arrivals", daemon=True
+        )
+        self._arrivals_thread.start()
 
     def stop(self) -> None:
         """Stop holding: the held messages were never acknowledged, so the broker delivers
@@ -170,9 +184,14 @@ class Gate:
         lease, and is never handed over later."""
         self._stop.set()
         unregister_gate(self.key)
-        if self._thread is not None:
-            self._thread.join(timeout=5)
-            self._thread = None
+        with self._arrived:
+            self._arrived.notify_all()
+        for thread in (self._thread, self._arrivals_thread):
+            if thread is not None:
+                thread.join(timeout=5)
+        self._thread = self._arrivals_thread = None
+        with self._arrived:
+            self._arrivals.clear()  # still in _held: withdrawn below, redelivered by the broker
         with self._lock:
             held = list(self._held.values())
             self._held.clear()
@@ -223,7 +242,18 @@ class Gate:
                 return self._dispatch_to_pool(req)
             self._held[entry.ticket] = entry
             entry.busy = True
-        self._attempt(entry, first=True)
+            # Counted in the prefetch window from now on (if it is granted at once, the count
+            # goes again): the consumer keeps taking messages while the arrivals thread asks
+            # Redis, rather than waiting for a round trip per limited message.
+            if self._counted < self.hold:
+                entry.counted = True
+                self._counted += 1
+        if entry.counted:
+            self.consumer.qos.increment_eventually()
+            self._unreserve(req)
+        with self._arrived:
+            self._arrivals.append(entry)
+            self._arrived.notify()
         return None
 
     def _spec(self, req: Any) -> LimitSpec | None:
@@ -281,9 +311,11 @@ class Gate:
         self._attempt(entry)
 
     def _attempt(self, entry: _Entry, *, first: bool = False) -> None:
-        """One try_acquire for a held entry (the caller set ``entry.busy``)."""
+        """One try_acquire for a held entry (the caller set ``entry.busy``); ``first``: its
+        first, by the arrivals thread."""
         while True:
             status = self._try(entry)
+            entry.tried = True
             with self._lock:
                 if status is None and entry.again:
                     entry.again = False
@@ -314,7 +346,7 @@ class Gate:
                     self.consumer.qos.decrement_eventually()
                 if status == "granted":
                     self._pending[entry.ticket] = entry
-            self._hand_over(entry, status, first)
+            self._hand_over(entry, status)
             return
 
     def _try(self, entry: _Entry) -> str | None:
@@ -342,15 +374,16 @@ class Gate:
             # Fail closed: keep holding (a held task never runs without a permit), try again
             # at the next tick.  A task Redis fails for on arrival goes to its slot instead,
             # where the wrapper parks it, so a Redis outage does not fill the consumer.
+            waits = entry.counted and entry.tried
             log.warning(
                 "task %s: semaphore unavailable (%s); %s",
                 entry.req.name,
                 exc,
-                "it waits" if entry.counted else "it goes to its slot to park",
+                "it waits" if waits else "it goes to its slot to park",
                 semaphore=entry.sem.name,
                 task_id=entry.req.id,
             )
-            return None if entry.counted else "slot"
+            return None if waits else "slot"
         except ValueError as exc:  # e.g. a weight above a lowered runtime limit
             log.error(
                 "task %s: %s; it goes to its slot",
@@ -408,14 +441,15 @@ class Gate:
 
         state.reserved_requests.discard(req)
 
-    def _hand_over(self, entry: _Entry, status: str, first: bool) -> None:
-        """Send the request to the pool, from the hub thread."""
+    def _hand_over(self, entry: _Entry, status: str) -> None:
+        """Send the request to the pool, from the hub thread (or directly, when the pool takes
+        work from any thread)."""
         directive: dict[str, Any] | None = None
         if status == "granted" and entry.grant is not None:
             directive = self._directive(entry, "run")
             waited = time.time() - entry.state.first_wait if entry.state.first_wait else 0.0
             directive.update(f=entry.grant[0], x=entry.grant[1], w=round(waited, 6))
-            if not first:
+            if entry.position is not None:  # it waited
                 log_wait.debug(
                     "task %s: granted after %.3fs held; to the pool",
                     entry.req.name,
@@ -423,9 +457,9 @@ class Gate:
                     semaphore=entry.sem.name,
                     task_id=entry.req.id,
                 )
-        if first or (self._direct and not _maybe_revoked(entry.req)):
-            # on the hub thread already, or a pool any thread may submit to (threads): one
-            # thread hop less between the release and the next body
+        if self._direct and not _maybe_revoked(entry.req):
+            # a pool any thread may submit to (threads): one thread hop less between the
+            # release and the next body
             self._dispatch(entry, directive)
         else:
             self.consumer.call_soon(self._dispatch, entry, directive)
@@ -551,6 +585,28 @@ class Gate:
                 )
                 client = None
                 self._stop.wait(0.5)
+
+    def _take_arrivals(self) -> None:
+        """The arrivals thread: the first attempt of every request received, in order."""
+        while not self._stop.is_set():
+            with self._arrived:
+                while not self._arrivals and not self._stop.is_set():
+                    self._arrived.wait(TICK)
+                if self._stop.is_set():
+                    return
+                entry = self._arrivals.popleft()
+            try:
+                self._attempt(entry, first=True)
+            except Exception as exc:  # never let it die; the tick retries the entry
+                with self._lock:
+                    entry.busy = False
+                log.warning(
+                    "gate: first attempt failed: %s: %s; retried at the next tick",
+                    type(exc).__name__,
+                    exc,
+                    semaphore=entry.sem.name,
+                    task_id=entry.req.id,
+                )
 
     def _client(self) -> Any:
         from .runtime import client_for
