@@ -600,13 +600,7 @@ def _acquire_and_run(
         _check_grant(sem, attempt, ticket, common["claim"])
     except SemaphoreBackendError as exc:
         # Fail closed: no permit, no body.  Come back later; nothing is lost.
-        log_acquire.warning(
-            "task %s: semaphore unavailable (%s); retrying later without running",
-            task.name,
-            exc,
-            semaphore=sem.name,
-            task_id=request.id,
-        )
+        _log_unavailable(task, sem, exc)
         attempt = _park(task, sem, state, opts, ticket, common, registered=False)
     if attempt.permit is not None:
         return _hold(task, sem, attempt.permit, opts, state, call, partition=partition)
@@ -621,13 +615,7 @@ def _acquire_and_run(
                 attempt = sem.try_acquire(ticket, place_ttl=PLACE_SLACK, **common)
                 _check_grant(sem, attempt, ticket, common["claim"])
         except SemaphoreBackendError as exc:
-            log_acquire.warning(
-                "task %s: semaphore unavailable (%s); retrying later without running",
-                task.name,
-                exc,
-                semaphore=sem.name,
-                task_id=request.id,
-            )
+            _log_unavailable(task, sem, exc)
         if attempt.permit is None:
             attempt = _park(task, sem, state, opts, ticket, common, registered=False)
         if attempt.permit is not None:
@@ -773,13 +761,7 @@ def _park(
         except SemaphoreBackendError as exc:
             # Fail closed: park on the countdown alone (the copy keeps the ticket, so the
             # place, if it still exists); never fail the task for a Redis blip.
-            log_acquire.warning(
-                "task %s: semaphore unavailable (%s); retrying later without running",
-                task.name,
-                exc,
-                semaphore=sem.name,
-                task_id=request.id,
-            )
+            _log_unavailable(task, sem, exc)
             position = None
         else:
             if attempt.permit is not None:
@@ -923,6 +905,17 @@ def _hold(
             semaphore=sem.name,
             task_id=task.request.id,
         )
+
+
+def _log_unavailable(task: Any, sem: Lock, exc: Exception) -> None:
+    """Fail closed: no permit, no body; the task comes back later and nothing is lost."""
+    log_acquire.warning(
+        "task %s: semaphore unavailable (%s); retrying later without running",
+        task.name,
+        exc,
+        semaphore=sem.name,
+        task_id=task.request.id,
+    )
 
 
 def release_with_retry(

@@ -122,21 +122,9 @@ def _release_dead(task: Any, task_id: str | None, request: Any, why: str) -> Non
             None,
             partition="",
         )
-    except (TypeError, ValueError) as exc:
-        log.error(
-            "could not release the permit of task %s after %s: %s; it comes back when its "
-            "lease expires",
-            task.name,
-            why,
-            exc,
-            semaphore=spec.name,
-            task_id=task_id,
-        )
-        return
-    try:
         lock = lock_for(app, plan, opts.lease_ttl)
         released = lock.release_token(token)
-    except (SemaphoreError, ValueError) as exc:
+    except (SemaphoreError, TypeError, ValueError) as exc:
         log.error(
             "could not release the permit of task %s after %s: %s; it comes back when its "
             "lease expires",
