@@ -762,7 +762,8 @@ def report(
     )
     print(
         ("Semaphore settings: the library defaults: " if not conf else f"Settings: {conf}; ")
-        + f"wait_timeout={opts.wait_timeout:g}s, standby={opts.standby} (None = the limit), "
+        + f"semaphore_worker_hold={conf.get('semaphore_worker_hold', 1000)} (the gate; 0: "
+        f"off), wait_timeout={opts.wait_timeout:g}s, standby={opts.standby} (None = the limit), "
         f"retry_backoff={opts.retry_backoff:g}s, retry_backoff_max={opts.retry_backoff_max:g}s, "
         f"retry_jitter={opts.retry_jitter}, lease_ttl={opts.lease_ttl:g}s."
     )
@@ -875,8 +876,9 @@ def report(
         for load in settings.loads:
             print(f"  {pool} {load.label()}: {by_path(results[Cell(ds['b'], load).name])}")
     print(
-        "  'on first delivery': the task waited in its worker slot (standby) and was woken "
-        "by the release; 'after parking': a re-published"
+        "  'on first delivery': the task waited where its first delivery put it (held by the "
+        "worker's gate, or without a gate in its slot) and was woken by the release; 'after "
+        "parking': a re-published"
     )
     print("  copy (woken by a release, or back after its countdown).")
 

@@ -655,9 +655,10 @@ class Gate:
             self._leave(entry, self._directive(entry, "timeout", w=waited), "timed out")
         elif now - entry.since >= self._max_hold():
             self._leave(entry, self._directive(entry, "park"), "held too long")
-        elif now - entry.refreshed >= entry.place_ttl / 3 or not entry.counted:
+        elif now - entry.refreshed >= entry.place_ttl / 3 or not (entry.counted and entry.tried):
             # keep the place alive (and claim units whose wake-up was lost); an uncounted
-            # entry (over semaphore_worker_hold, or Redis failed) retries every tick
+            # entry (over semaphore_worker_hold, or Redis failed), or one whose first attempt
+            # failed, retries every tick
             with self._lock:
                 if entry.busy or self._held.get(entry.ticket) is not entry:
                     return
