@@ -50,7 +50,7 @@ from celery import bootsteps
 from celery.exceptions import WorkerLostError
 from redis.exceptions import ResponseError
 
-from . import clock, config, events, logs, queues, targets
+from . import children, clock, config, events, logs, queues, targets
 from .exceptions import SemaphoreError
 from .keys import node_wake_key
 from .locks import Lock, grant_of, lock_kwargs
@@ -90,6 +90,8 @@ TICK = 1.0
 WAKE_GRACE = 1.0
 #: the most wake-ups taken from the wake list in one go
 WAKE_BATCH = 64
+#: seconds between two looks at the pool children running gated bodies (prefork, Linux)
+REAP_EVERY = 0.2
 
 
 @dataclass(eq=False)
@@ -115,6 +117,8 @@ class _Entry:
     again: bool = False
     #: its first attempt (by the arrivals thread) is done
     tried: bool = False
+    #: when the pool child running its body was first seen gone (0: not seen)
+    dead_since: float = 0.0
     #: place in line at the last attempt (0 = head)
     position: int | None = None
     #: seconds the place lives without a refresh
@@ -153,6 +157,8 @@ class Gate:
         self._arrivals: deque[_Entry] = deque()
         self._arrived = threading.Condition(threading.Lock())
         self._arrivals_thread: threading.Thread | None = None
+        #: look for dead pool children running gated bodies (see _reap_dead)
+        self._watch_children = children.alive(os.getpid()) and not _submit_anywhere(consumer)
         self._specs: dict[str, LimitSpec | None] = {}
         self._vt = config.visibility_timeout(self.app.conf)
         self._blmpop = True  # until the server says it has no BLMPOP (before Redis 7)
@@ -587,14 +593,30 @@ class Gate:
                 self._stop.wait(0.5)
 
     def _take_arrivals(self) -> None:
-        """The arrivals thread: the first attempt of every request received, in order."""
+        """The arrivals thread: the first attempt of every request received, in order; and,
+        on prefork, a look at the children running gated bodies every :data:`REAP_EVERY`."""
+        next_reap = 0.0
         while not self._stop.is_set():
             with self._arrived:
-                while not self._arrivals and not self._stop.is_set():
-                    self._arrived.wait(TICK)
+                if not self._arrivals:
+                    self._arrived.wait(REAP_EVERY if self._watch_children else TICK)
                 if self._stop.is_set():
                     return
-                entry = self._arrivals.popleft()
+                entry = self._arrivals.popleft() if self._arrivals else None
+            if self._watch_children and clock.monotonic() >= next_reap:
+                next_reap = clock.monotonic() + REAP_EVERY
+                try:
+                    self._reap_dead()
+                except Exception as exc:  # never let it die: arrivals depend on it
+                    log.warning(
+                        "gate: looking at pool children failed: %s: %s; carrying on",
+                        type(exc).__name__,
+                        exc,
+                        semaphore=None,
+                        task_id=None,
+                    )
+            if entry is None:
+                continue
             try:
                 self._attempt(entry, first=True)
             except Exception as exc:  # never let it die; the tick retries the entry
@@ -607,6 +629,35 @@ class Gate:
                     semaphore=entry.sem.name,
                     task_id=entry.req.id,
                 )
+
+    def _reap_dead(self) -> None:
+        """Release the permit of a gated body whose pool child died under it (SIGKILL, OOM)
+        once the child is gone, by ticket: billiard reports the lost process (and Celery calls
+        ``on_failure``) only when it notices, sometimes seconds later.  A child seen gone is
+        given :data:`REAP_EVERY` for its last result to reach the consumer (a child that
+        exits after finishing, e.g. ``max_tasks_per_child``, released its permit itself)."""
+        from celery.worker import state
+
+        me = os.getpid()
+        now = clock.monotonic()
+        with self._lock:
+            running = [e for e in self._pending.values() if e.dispatched]
+        for entry in running:
+            req = entry.req
+            pid = getattr(req, "worker_pid", None)
+            if not pid or pid == me or req.id not in state.requests:
+                continue
+            if children.alive(pid):
+                entry.dead_since = 0.0
+                continue
+            if not entry.dead_since:
+                entry.dead_since = now
+                continue
+            if now - entry.dead_since < REAP_EVERY:
+                continue
+            self._forget_pending(entry)
+            # no tombstone: a redelivery (reject_on_worker_lost) must run, not drop
+            self._release(entry, "the process running it died", tombstone_ttl=0)
 
     def _client(self) -> Any:
         from .runtime import client_for
@@ -697,13 +748,16 @@ class Gate:
             self.consumer.call_soon(self._dispatch, entry, directive)
 
     def _maintain_pending(self, entry: _Entry, now: float) -> None:
-        """A grant the pool has not started yet: keep its lease alive until the body's own
-        heartbeat takes over; forget it once started (or gone)."""
+        """A grant handed to the pool: keep its lease alive until the body starts and its own
+        heartbeat takes over; forget it once the request is done (until then, on prefork,
+        :meth:`_reap_dead` watches the child running it)."""
         from celery.worker import state
 
         req = entry.req
-        if req.time_start is not None or req.id not in state.requests:
+        if req.id not in state.requests:
             self._forget_pending(entry)
+            return
+        if req.time_start is not None:
             return
         if now - entry.granted_at >= entry.opts.heartbeat_interval:
             entry.granted_at = now
