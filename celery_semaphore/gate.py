@@ -20,7 +20,7 @@ A timeline of a task that waits, then runs (``T`` arrives while the limit is tak
     consumer   T received ──► held (no slot) ──► arrivals thread: try_acquire("T-id:0")
                                                   → WAITING, position 2
     any worker a holder's body ends ──► release names T ──► LPUSH T onto T's node wake list
-    gate thread BLPOP returns T ──► try_acquire → GRANTED ──► hub.call_soon(dispatch T)
+    gate thread BLMPOP returns T ──► try_acquire → GRANTED ──► hub.call_soon(dispatch T)
     consumer   T goes to the pool with its grant ──► the body runs, releases in ``finally``
 
 The gate's thread also keeps held places alive, repairs lost wake-ups, refreshes the leases of
@@ -657,7 +657,7 @@ class Gate:
                 continue
             self._forget_pending(entry)
             # no tombstone: a redelivery (reject_on_worker_lost) must run, not drop
-            self._release(entry, "the process running it died", tombstone_ttl=0)
+            self._release(entry, "the process running it died", tombstone_ttl=0, timed=True)
 
     def _client(self) -> Any:
         from .runtime import client_for
