@@ -59,6 +59,7 @@ from .runtime import (
     HEADER,
     QUEUE_KEY,
     WaitState,
+    emit_waited,
     gate_nonce,
     lock_for,
     lock_names,
@@ -335,15 +336,7 @@ class Gate:
                         self._unreserve(entry.req)
                     if first:
                         self._log_wait(entry)
-                        for name in lock_names(entry.sem):
-                            events.emit(
-                                "waited",
-                                name=name,
-                                task_id=entry.req.id,
-                                task=entry.req.name,
-                                mode="held",
-                                position=entry.position,
-                            )
+                        emit_waited(entry.sem, entry.req.id, entry.req.name, "held", entry.position)
                     return
                 self._held.pop(entry.ticket, None)
                 if entry.counted:

@@ -258,6 +258,15 @@ def lock_names(lock: Lock) -> tuple[str, ...]:
     return lock.names if isinstance(lock, GroupLock) else (lock.name,)
 
 
+def emit_waited(
+    lock: Lock, task_id: str | None, task: str, mode: str, position: int | None
+) -> None:
+    """The ``waited`` event, once per semaphore of ``lock`` (ops: events); ``mode``: where
+    the task waits (``held`` by the gate, in its ``slot``, or ``parked``)."""
+    for name in lock_names(lock):
+        events.emit("waited", name=name, task_id=task_id, task=task, mode=mode, position=position)
+
+
 class _Redispatcher:
     """``on_wake`` for the Celery layer: units were freed for a waiter that is not blocked in
     this process.  Its wake data says where it waits: ``@<key>``, held by a worker's gate
@@ -571,15 +580,7 @@ def _acquire_and_run(
             and (attempt.position or 0) < standby
         ):
             # keep_place: when the wait ends without a grant, the place stays for _park
-            for name in lock_names(sem):  # ops: events
-                events.emit(
-                    "waited",
-                    name=name,
-                    task_id=request.id,
-                    task=task.name,
-                    mode="slot",
-                    position=attempt.position,
-                )
+            emit_waited(sem, request.id, task.name, "slot", attempt.position)
             log_wait.info(
                 "task %s waits in its worker slot (limit %d, position %s) for up to %.1fs "
                 "(wait_timeout)",
@@ -772,15 +773,7 @@ def _park(
     else:
         position = None
     sig.apply_async(countdown=countdown)
-    for name in lock_names(sem):  # ops: events
-        events.emit(
-            "waited",
-            name=name,
-            task_id=request.id,
-            task=task.name,
-            mode="parked",
-            position=position,
-        )
+    emit_waited(sem, request.id, task.name, "parked", position)
     log_wait.info(
         "task %s waits (limit %d, position %s, waited %.1fs): parked for %.2fs (wait #%d)",
         task.name,
