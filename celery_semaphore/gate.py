@@ -37,6 +37,7 @@ event loop on a non-green pool), the task body's wrapper acquires by itself (see
 from __future__ import annotations
 
 import os
+import re
 import socket
 import threading
 import time
@@ -63,12 +64,13 @@ from .runtime import (
     gate_nonce,
     lock_for,
     lock_names,
+    lost_at_fence,
     lost_at_grant,
     quarantined,
     register_gate,
     unregister_gate,
 )
-from .semaphore import AttemptStatus
+from .semaphore import HANDOFF_MARK, AttemptStatus, Semaphore
 from .spec import LimitSpec
 
 __all__ = ["MAX_HOLD", "Gate", "GateStep", "install"]
@@ -93,6 +95,9 @@ WAKE_GRACE = 1.0
 WAKE_BATCH = 64
 #: seconds between two looks at the pool children running gated bodies (prefork, Linux)
 REAP_EVERY = 0.2
+#: seconds the gate remembers a held task that left without a grant, in case a handoff for it
+#: was already on its way (then given back)
+LEFT_TTL = 60.0
 
 
 @dataclass(eq=False)
@@ -106,6 +111,9 @@ class _Entry:
     opts: config.ResolvedOptions
     ticket: str
     claim: str
+    #: where a release wakes it: ``@<the gate's key>``; a single semaphore's waiter takes
+    #: handoffs (``@<key>#handoff``, its claim in its owner: see Semaphore(on_handoff=...))
+    wake_data: str
     state: WaitState
     owner: dict[str, Any]
     since: float = field(default_factory=clock.monotonic)
@@ -131,6 +139,8 @@ class _Entry:
     dispatched: bool = False
     #: the gate stopped before this grant reached the pool: never dispatch it
     cancelled: bool = False
+    #: it left the gate and its place was withdrawn
+    withdrawn: bool = False
 
 
 class Gate:
@@ -148,8 +158,12 @@ class Gate:
             consumer.hostname,
             self.nonce,
         )
+        #: the wake list of held tasks that take handoffs (single semaphores)
+        self.handoff_key = self.key + HANDOFF_MARK
         self._lock = threading.Lock()
         self._held: dict[str, _Entry] = {}  # ticket -> waiting entry
+        #: ticket -> (entry, when) of held tasks that left without a grant (see LEFT_TTL)
+        self._left: dict[str, tuple[_Entry, float]] = {}
         self._pending: dict[str, _Entry] = {}  # ticket -> dispatched, not started yet
         self._counted = 0
         self._stop = threading.Event()
@@ -174,6 +188,7 @@ class Gate:
     def start(self) -> None:
         self._stop.clear()
         register_gate(self.key, self)
+        register_gate(self.handoff_key, self)
         self._thread = threading.Thread(target=self._run, name="celery-semaphore-gate", daemon=True)
         self._thread.start()
         self._arrivals_thread = threading.Thread(
@@ -188,9 +203,12 @@ class Gate:
         release them themselves); one the pool never starts comes back with its lease.  A
         grant made but not yet handed to the pool (a release woke the gate as the worker
         stopped: the hub no longer runs the hand-over) is given back now, not left to its
-        lease, and is never handed over later."""
+        lease, and is never handed over later.  So is a grant a release handed off to a held
+        task as it stopped, and the places of tasks that left the gate for the pool (to park)
+        but never reached it go too."""
         self._stop.set()
         unregister_gate(self.key)
+        unregister_gate(self.handoff_key)
         with self._arrived:
             self._arrived.notify_all()
         for thread in (self._thread, self._arrivals_thread):
@@ -200,16 +218,24 @@ class Gate:
         with self._arrived:
             self._arrivals.clear()  # still in _held: withdrawn below, redelivered by the broker
         with self._lock:
+            # left for the pool (to park, keeping their places) but never got there: the
+            # broker delivers them again, and their places must not take handoffs meanwhile
+            stranded = [e for e, _ in self._left.values() if not (e.dispatched or e.withdrawn)]
+            for entry in stranded:
+                entry.cancelled = True
             held = list(self._held.values())
             self._held.clear()
+            for entry in held:
+                self._note_left(entry)
             self._counted = 0
             undispatched = [e for e in self._pending.values() if not e.dispatched]
             for entry in undispatched:
                 entry.cancelled = True
                 del self._pending[entry.ticket]
-        for entry in held:
+        for entry in held + stranded:
             try:
-                entry.sem.withdraw(entry.ticket)
+                if not entry.sem.withdraw(entry.ticket):
+                    self._give_back_handoff(entry)  # a release may have granted it meanwhile
             except SemaphoreError as exc:
                 log.debug(
                     "withdraw at stop failed: %s",
@@ -298,7 +324,15 @@ class Gate:
             "machine": socket.gethostname(),
         }
         ticket = f"{req.id}:{retries}"
-        entry = _Entry(req, spec, plan, sem, opts, ticket, uuid.uuid4().hex, state, owner)
+        # one claim per delivery: a copy of the same execution never gets this one's grant
+        claim = uuid.uuid4().hex
+        if isinstance(sem, Semaphore):
+            # takes handoffs (see Semaphore(on_handoff=...)): granted under its owner's claim
+            wake_data = "@" + self.handoff_key
+            owner["claim"] = claim
+        else:  # a group's units are granted together, by its own scripts
+            wake_data = "@" + self.key
+        entry = _Entry(req, spec, plan, sem, opts, ticket, claim, wake_data, state, owner)
         entry.place_ttl = max(HELD_PLACE_MIN, min(HELD_PLACE_TTL, opts.lease_ttl))
         return entry
 
@@ -338,15 +372,90 @@ class Gate:
                         self._log_wait(entry)
                         emit_waited(entry.sem, entry.req.id, entry.req.name, "held", entry.position)
                     return
-                self._held.pop(entry.ticket, None)
-                if entry.counted:
-                    entry.counted = False
-                    self._counted -= 1
-                    self.consumer.qos.decrement_eventually()
-                if status == "granted":
-                    self._pending[entry.ticket] = entry
+                self._settle(entry, status)
             self._hand_over(entry, status)
             return
+
+    def _settle(self, entry: _Entry, status: str) -> None:
+        """(Under the lock) ``entry`` stops waiting: it goes to the pool."""
+        self._held.pop(entry.ticket, None)
+        if entry.counted:
+            entry.counted = False
+            self._counted -= 1
+            self.consumer.qos.decrement_eventually()
+        if status == "granted":
+            self._pending[entry.ticket] = entry
+
+    def handed(self, ticket: str, fence: int, expires_at: float) -> None:
+        """A release granted ``ticket`` its units by handoff (see ``Semaphore(on_handoff=...)``):
+        hand the request to the pool with that grant, no further round trip.  Called by a
+        releaser of this process, or by the gate thread for handoffs that came through Redis."""
+        with self._lock:
+            entry = self._held.get(ticket)
+            if entry is not None and self._stop.is_set():
+                return  # stop() withdraws its place: finding it granted, gives it back
+            if entry is None:
+                if ticket in self._pending:
+                    return  # its own attempt found the same grant first
+                left = self._left.get(ticket)
+            elif entry.busy:
+                entry.again = True  # the attempt under way tries again: it finds the grant
+                return
+            else:
+                entry.busy = True
+        if entry is None:
+            if left is not None:
+                self._give_back_handoff(left[0])
+            else:
+                log.warning(
+                    "a handoff for ticket %s, which this gate does not hold; its permit comes "
+                    "back when its lease expires",
+                    ticket,
+                    semaphore=None,
+                    task_id=ticket.rpartition(":")[0],
+                )
+            return
+        entry.tried = True
+        entry.refreshed = clock.monotonic()
+        if quarantined(entry.sem) or lost_at_fence(entry.sem, fence):
+            self._give_back_handoff(entry)  # granted on a state that was lost: hold on
+            with self._lock:
+                entry.busy = False
+            return
+        entry.grant = ([fence], expires_at)
+        entry.granted_at = clock.monotonic()
+        with self._lock:
+            entry.busy = False
+            entry.again = False
+            self._settle(entry, "granted")
+        self._hand_over(entry, "granted")
+
+    def _give_back_handoff(self, entry: _Entry) -> None:
+        """Give back a grant a handoff may have made to ``entry`` (no longer held here); it is
+        not handed off again (its place may still name this gate)."""
+        if not isinstance(entry.sem, Semaphore):
+            return
+        try:
+            entry.sem.release_token(
+                entry.ticket, claim=entry.claim, tombstone_ttl=0, timed=False, handoff=False
+            )
+        except SemaphoreError as exc:
+            log.warning(
+                "could not give back a grant: %s",
+                exc,
+                semaphore=entry.sem.name,
+                task_id=entry.req.id,
+            )
+
+    def _note_left(self, entry: _Entry) -> None:
+        """(Under the lock) ``entry`` left without a grant (see LEFT_TTL)."""
+        now = clock.monotonic()
+        self._left[entry.ticket] = (entry, now)
+        while self._left:
+            oldest = next(iter(self._left))
+            if now - self._left[oldest][1] < LEFT_TTL and len(self._left) <= 10000:
+                break
+            del self._left[oldest]
 
     def _try(self, entry: _Entry) -> str | None:
         """None while waiting; else what to do with the request: ``granted`` (run it with the
@@ -361,7 +470,7 @@ class Gate:
                 owner=entry.owner,
                 place_ttl=entry.place_ttl,
                 claim=entry.claim,
-                wake_data="@" + self.key,
+                wake_data=entry.wake_data,
                 wake_grace=WAKE_GRACE,
                 epoch=state.epoch,
                 # always: a copy of this execution may have run already (see runtime._common)
@@ -568,9 +677,13 @@ class Gate:
                 if client is None:
                     client = self._client()
                 wait = max(0.05, min(TICK, next_tick - clock.monotonic()))
-                tickets = self._take_wakes(client, wait)
-                for ticket in tickets:
-                    self.wake(ticket)
+                for item in self._take_wakes(client, wait):
+                    handoff = _HANDOFF.fullmatch(item)
+                    if handoff is not None:
+                        fence, expiry_ms, ticket = handoff.groups()
+                        self.handed(ticket, int(fence), int(expiry_ms) / 1000)
+                    else:
+                        self.wake(item)
                 if clock.monotonic() >= next_tick:
                     self._tick()
                     next_tick = clock.monotonic() + TICK
@@ -658,11 +771,14 @@ class Gate:
         return client_for(config.redis_url_for(self.app.conf), self.app.conf)
 
     def _take_wakes(self, client: Any, wait: float) -> list[str]:
+        """Wake-ups and handoffs from the gate's two lists (plain tickets, or
+        ``+<fence> <expiry ms> <ticket>``), a batch of one list at a time."""
         tickets: list[Any] = []
+        keys = (self.handoff_key, self.key)
         if self._blmpop:
             # Redis 7: one round trip takes the whole batch
             try:
-                found = client.blmpop(wait, 1, self.key, direction="LEFT", count=WAKE_BATCH)
+                found = client.blmpop(wait, len(keys), *keys, direction="LEFT", count=WAKE_BATCH)
             except ResponseError as exc:
                 if "unknown command" not in str(exc).lower():
                     raise
@@ -670,11 +786,11 @@ class Gate:
             else:
                 tickets = list(found[1]) if found else []
         if not self._blmpop:
-            first = client.blpop([self.key], timeout=wait)
+            first = client.blpop(list(keys), timeout=wait)
             if first is None:
                 return []
             tickets = [first[1]]
-            more = client.lpop(self.key, WAKE_BATCH)
+            more = client.lpop(first[0], WAKE_BATCH)
             if more:
                 tickets.extend(more)
         return [t.decode() if isinstance(t, bytes) else str(t) for t in tickets]
@@ -716,13 +832,16 @@ class Gate:
             if entry.busy or self._held.get(entry.ticket) is not entry:
                 return
             del self._held[entry.ticket]
+            self._note_left(entry)
             if entry.counted:
                 entry.counted = False
                 self._counted -= 1
                 self.consumer.qos.decrement_eventually()
         if directive is None or directive["do"] == "timeout":
+            entry.withdrawn = True
             try:
-                entry.sem.withdraw(entry.ticket)
+                if not entry.sem.withdraw(entry.ticket):
+                    self._give_back_handoff(entry)  # a release may have granted it meanwhile
             except SemaphoreError as exc:
                 log_wait.warning(
                     "withdraw failed: %s", exc, semaphore=entry.sem.name, task_id=entry.req.id
@@ -773,6 +892,10 @@ class Gate:
         """Tickets held right now (for tests and inspection)."""
         with self._lock:
             return list(self._held)
+
+
+#: a handoff on a wake list (see runtime._Redispatcher.handoff)
+_HANDOFF = re.compile(r"\+(\d+) (\d+) (.+)", re.DOTALL)
 
 
 def _submit_anywhere(consumer: Any) -> bool:

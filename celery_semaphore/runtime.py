@@ -200,14 +200,16 @@ def semaphore_for(app: Any, name: str, limit: int, lease_ttl: float) -> Semaphor
             _semaphores[key] = (found[0], now)
             _semaphores.move_to_end(key)
             return found[0]
+    redispatcher = _Redispatcher(app, name)
     sem = Semaphore(
         name,
         limit,
         redis=client_for(url, conf),
         lease_ttl=lease_ttl,
         key_prefix=prefix,
-        on_wake=_Redispatcher(app, name),
+        on_wake=redispatcher,
         hash_tag=hash_tag,
+        on_handoff=redispatcher.handoff,
     )
     with _cache_lock:
         sem = _semaphores.setdefault(key, (sem, now))[0]
@@ -284,11 +286,7 @@ class _Redispatcher:
             if gate is not None and gate.pid == os.getpid():
                 gate.wake(ticket)
                 return
-            client = client_for(config.redis_url_for(self.app.conf), self.app.conf)
-            pipe = client.pipeline(transaction=False)
-            pipe.rpush(key, ticket)
-            pipe.expire(key, GATE_WAKE_TTL)
-            pipe.execute()
+            self._push(key, ticket)
             return
         from celery.canvas import Signature
 
@@ -300,6 +298,24 @@ class _Redispatcher:
             semaphore=self.name,
             task_id=ticket.rpartition(":")[0],
         )
+
+    def handoff(self, ticket: str, data: str, fence: int, expires_at: float) -> None:
+        """A release granted ``ticket`` its units (see ``Semaphore(on_handoff=...)``): only a
+        gate's held tasks take handoffs (wake data ``@<key>#handoff``); hand the grant to
+        that gate, directly or through its wake list (as ``+<fence> <expiry ms> <ticket>``)."""
+        key = data[1:]
+        gate = _gates.get(key)
+        if gate is not None and gate.pid == os.getpid():
+            gate.handed(ticket, fence, expires_at)
+            return
+        self._push(key, f"+{fence} {round(expires_at * 1000)} {ticket}")
+
+    def _push(self, key: str, item: str) -> None:
+        client = client_for(config.redis_url_for(self.app.conf), self.app.conf)
+        pipe = client.pipeline(transaction=False)
+        pipe.rpush(key, item)
+        pipe.expire(key, GATE_WAKE_TTL)
+        pipe.execute()
 
 
 # -- the worker-side gate's registry (see celery_semaphore.gate) ------------------------------
@@ -656,6 +672,12 @@ def lost_at_grant(lock: Lock, permit: Permit) -> bool:
     # no short cut: every member notes the fencing token it saw
     lost = [restart.lost_at_grant(sem, f) for sem, f in zip(_members(lock), fences, strict=True)]
     return any(lost)
+
+
+def lost_at_fence(lock: Lock, fence: int) -> bool:
+    """:func:`lost_at_grant` for a grant of one semaphore known by its fencing token (a
+    handoff; a group's grants are never handed off)."""
+    return isinstance(lock, Semaphore) and restart.lost_at_grant(lock, fence)
 
 
 def _check_grant(lock: Lock, attempt: Attempt, ticket: str, claim: str) -> None:

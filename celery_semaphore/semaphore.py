@@ -50,8 +50,10 @@ from .exceptions import (
 from .keys import SemaphoreKeys, validate_prefix
 
 __all__ = [
+    "HANDOFF_MARK",
     "Attempt",
     "AttemptStatus",
+    "HandoffHandler",
     "HolderInfo",
     "PartitionInfo",
     "Permit",
@@ -71,6 +73,13 @@ DEFAULT_POLL_INTERVAL = 1.0
 DEFAULT_AGING = 2.0
 
 WakeHandler = Callable[[str, str], None]
+#: ``on_handoff(ticket, data, fencing_token, lease_expires_at)``: see :class:`Semaphore`
+HandoffHandler = Callable[[str, str, int, float], None]
+#: Wake data ending with this marks a parked waiter that takes *handoffs*: a release (by a
+#: Semaphore with ``on_handoff``) grants it the units it frees for it, under the claim its
+#: owner metadata names (``owner["claim"]``, a non-empty string; the same claim it waits
+#: with), rather than naming it to come and claim them.
+HANDOFF_MARK = "#handoff"
 _T = TypeVar("_T")
 
 
@@ -300,6 +309,14 @@ class Semaphore:
     :param poll_interval: how often a blocked waiter re-checks if no wake-up comes.
     :param on_wake: called as ``on_wake(ticket, data)`` for parked waiters (those that gave wake
         data) that units were freed for; blocked waiters are woken without it.
+    :param on_handoff: with ``on_wake``: this semaphore's releases grant the freed units
+        straight to the parked waiters that take handoffs (wake data ending with
+        :data:`HANDOFF_MARK` and ``owner["claim"]``, the claim of the grant; its lease is
+        ``lease_ttl``) and
+        call ``on_handoff(ticket, data, fencing_token, lease_expires_at)`` for each (expiry in
+        server epoch seconds), instead of ``on_wake``.  The receiver owns that permit: it
+        starts the work or releases it.  Without it, such waiters are named through
+        ``on_wake`` and claim their units with :meth:`try_acquire` like any other.
     :param hash_tag: put this semaphore's keys in the Redis Cluster slot of ``{hash_tag}``
         instead of one of its own (the name is still part of every key).  Semaphores used
         together in a :class:`~celery_semaphore.SemaphoreGroup` on a Redis Cluster must share
@@ -322,6 +339,7 @@ class Semaphore:
         on_wake: WakeHandler | None = None,
         aging: float = DEFAULT_AGING,
         hash_tag: str | None = None,
+        on_handoff: HandoffHandler | None = None,
     ) -> None:
         self.name = _validate.name("name", name)
         self.limit = _validate.positive_int("limit", limit)
@@ -330,6 +348,7 @@ class Semaphore:
         self.timeout = _validate.optional_non_negative_seconds("timeout", timeout)
         self.poll_interval = _validate.positive_seconds("poll_interval", poll_interval)
         self.on_wake = on_wake
+        self.on_handoff = on_handoff if on_wake is not None else None
         self.aging = _validate.non_negative_seconds("aging", aging)
         self._aging_ms = int(self.aging * 1000)
         self.hash_tag = None if hash_tag is None else _validate.name("hash_tag", hash_tag)
@@ -466,6 +485,20 @@ class Semaphore:
                 "wake-up failed (%s); waiters will poll", exc, semaphore=self.name, task_id=None
             )
 
+    def _handed(
+        self, handler: HandoffHandler, ticket: str, data: str, fence: int, expires_at: float
+    ) -> None:
+        try:
+            handler(ticket, data, fence, expires_at)
+        except Exception:
+            # the grant comes back when its lease expires (the receiver never had it)
+            log.exception(
+                "on_handoff failed for %s; its grant comes back with its lease",
+                ticket,
+                semaphore=self.name,
+                task_id=None,
+            )
+
     def _blocking_place_ttl(self) -> float:
         return max(2.0, 3 * self.poll_interval)
 
@@ -580,21 +613,36 @@ class Semaphore:
         tombstone_ttl: float | None = None,
         claim: str = "",
         timed: bool = True,
+        handoff: bool = True,
     ) -> bool:
         """Release the permit held under ``token``.  True if it was held (or this very release
         was already applied by a re-sent call); False if it was not held.  With ``claim``,
         only a permit granted under that claim is released.  ``tombstone_ttl=0`` leaves no
         tombstone (the token may be acquired again at once).  ``timed=False``: the hold ended
         no finished work (a forced release, a grant given back unused), so it does not count
-        in :attr:`Snapshot.hold_time_avg`."""
+        in :attr:`Snapshot.hold_time_avg`.  ``handoff=False``: grant nothing by handoff (see
+        ``on_handoff``), only name the waiters."""
         tomb = _validate.optional_non_negative_seconds("tombstone_ttl", tombstone_ttl)
         tomb_ms = self._ms(DEFAULT_TOMBSTONE_TTL) if tomb is None else int(tomb * 1000)
         # see release.lua for the ARGV; the integers travel as one argument
+        handler = self.on_handoff if handoff else None
+        handoff_ms = self._ms(self.lease_ttl) if handler is not None else 0
         reply = self._run(
             "release",
-            [token, f"{self.limit} {tomb_ms} 1000 {self._aging_ms} {1 if timed else 0}", claim],
+            [
+                token,
+                f"{self.limit} {tomb_ms} 1000 {self._aging_ms} {1 if timed else 0} {handoff_ms}",
+                claim,
+            ],
         )
-        if len(reply) > 1:
+        if handler is not None and len(reply) > 1:
+            handed = int(reply[1])
+            end = 2 + 4 * handed
+            for i in range(2, end, 4):
+                ticket, data = _text(reply[i]), _text(reply[i + 1])
+                self._handed(handler, ticket, data, int(reply[i + 2]), int(reply[i + 3]) / 1000)
+            self._wake(reply[end:])
+        elif len(reply) > 1:
             self._wake(reply[1:])
         return int(reply[0]) in (1, 2)
 

@@ -11,7 +11,6 @@ import re
 import signal
 import time
 from collections.abc import Callable, Iterator
-from pathlib import Path
 
 import pytest
 
@@ -137,7 +136,6 @@ def test_warm_then_cold_shutdown_under_load(chaos: Chaos) -> None:
         a.process.wait(timeout=30)
         measure("warm shutdown", "node exited (bodies of 0.6 s finish)", time.monotonic() - t0)
         left = [h for h in chaos.semaphore().holders() if h.owner.get("host") == a.name]
-        Path("/tmp/warm.log").write_text(a.log())
         assert not left, f"{left}"
 
         c = start_worker(chaos.env, concurrency=2, name="c")

@@ -10,7 +10,9 @@ limit or its cap is skipped; a partition at its cap is passed over; a head that 
 either reserves the free units (aged) or is passed over (not yet aged).  The machine runs
 once with ``aging=0`` (every head is aged) and once with an aging that never passes.  Lease
 and place expiry are injected deterministically by setting a score in Redis to 0, which the
-next operation reclaims.
+next operation reclaims.  A third run makes every waiter take handoffs (its wake data ends with
+``HANDOFF_MARK``, its claim in its owner): then a release grants the units it frees to the
+waiters entitled to them, in the order the rule serves them, and the model does the same.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from hypothesis.stateful import (
 )
 
 from celery_semaphore import AttemptStatus, Semaphore
+from celery_semaphore.semaphore import HANDOFF_MARK
 
 LIMIT = 4
 TICKETS = st.sampled_from([f"t{i}" for i in range(6)])
@@ -40,6 +43,8 @@ CAPS = st.sampled_from([None, None, 1, 2, 3])
 PART_WEIGHTS = st.sampled_from([1, 1, 2, 3])
 LONG = 60.0  # leases, places and tombstones never run out on their own during an example
 PARKED = "parked"  # wake data: wake-ups come to on_wake, where the machine records them
+HANDOFF = "@gate" + HANDOFF_MARK  # wake data of waiters that take handoffs
+CLAIM = "the-claim"  # their claim, named in their owner
 
 
 @dataclass
@@ -214,6 +219,18 @@ class Model:
         self.drop_waiter(ticket)
         return AttemptStatus.NOT_QUEUED, 0
 
+    def hand_off(self) -> list[tuple[str, int]]:
+        """A release's handoffs: the entitled waiters are granted, in the order served."""
+        out = []
+        for ticket in self.entitled():
+            me = self.find(ticket)
+            assert me is not None
+            self.fence += 1
+            self.holders[ticket] = (me.weight, self.fence, me.partition)
+            self.drop_waiter(ticket)
+            out.append((ticket, self.fence))
+        return out
+
     def release(self, ticket: str) -> bool:
         if ticket in self.holders:
             del self.holders[ticket]
@@ -227,9 +244,12 @@ class SemaphoreMachine(RuleBasedStateMachine):
     client: redis.Redis
     prefix: str
     aging: float  # 0 or NEVER
+    handoff: bool  # waiters take handoffs (wake data HANDOFF) rather than being named
 
     def __init__(self) -> None:
         super().__init__()
+        self.data = HANDOFF if self.handoff else PARKED
+        self.handed: list[tuple[str, int]] = []  # handoffs made by the current operation
         self.sem = Semaphore(
             f"model-{uuid.uuid4().hex}",
             LIMIT,
@@ -238,6 +258,7 @@ class SemaphoreMachine(RuleBasedStateMachine):
             lease_ttl=LONG,
             on_wake=self._on_wake,
             aging=self.aging,
+            on_handoff=self._on_handoff if self.handoff else None,
         )
         self.model = Model(aged=self.aging == 0)
         self.last_fence = 0
@@ -250,14 +271,19 @@ class SemaphoreMachine(RuleBasedStateMachine):
         self.woken: list[str] = []  # waiters named by the current operation
 
     def _on_wake(self, ticket: str, data: str) -> None:
-        assert data == PARKED
+        assert data == self.data
         self.woken.append(ticket)
+
+    def _on_handoff(self, ticket: str, data: str, fence: int, expires_at: float) -> None:
+        assert data == self.data
+        self.handed.append((ticket, fence))
 
     def _begin(self) -> None:
         self.pending = False
         self.unreclaimed = 0
         self.unreclaimed_leases = 0
         self.woken = []
+        self.handed = []
 
     def _check_wakes(self) -> None:
         # whoever is named now is entitled to free units: no spurious wake-ups
@@ -309,7 +335,9 @@ class SemaphoreMachine(RuleBasedStateMachine):
         options = {
             "weight": weight,
             "place_ttl": LONG if queue else 0.0,
-            "wake_data": PARKED,
+            "wake_data": self.data,
+            "claim": CLAIM if self.handoff else "",
+            "owner": {"claim": CLAIM} if self.handoff else None,
             "wake_grace": LONG,
             "partition": partition,
             "partition_cap": cap,
@@ -342,6 +370,10 @@ class SemaphoreMachine(RuleBasedStateMachine):
         self._begin()
         self.released_any = self.released_any or ticket in self.model.holders
         assert self.sem.release_token(ticket, tombstone_ttl=LONG) is self.model.release(ticket)
+        expected = self.model.hand_off() if self.handoff else []
+        assert self.handed == expected, (self.handed, expected, self.model)
+        if expected:
+            self.last_fence = expected[-1][1]
         self._check_wakes()
 
     @rule(ticket=TICKETS)
@@ -447,11 +479,18 @@ class SemaphoreMachine(RuleBasedStateMachine):
 NEVER = 3600.0  # an aging that never passes during an example
 
 
-@pytest.mark.parametrize("aging", [NEVER, 0.0], ids=["not-aged", "aged"])
-def test_semaphore_matches_model(redis_client: redis.Redis, key_prefix: str, aging: float) -> None:
+@pytest.mark.parametrize(
+    ("aging", "handoff"),
+    [(NEVER, False), (0.0, False), (NEVER, True)],
+    ids=["not-aged", "aged", "handoff"],
+)
+def test_semaphore_matches_model(
+    redis_client: redis.Redis, key_prefix: str, aging: float, handoff: bool
+) -> None:
     SemaphoreMachine.client = redis_client
     SemaphoreMachine.prefix = key_prefix
     SemaphoreMachine.aging = aging
+    SemaphoreMachine.handoff = handoff
     run_state_machine_as_test(
         SemaphoreMachine,
         settings=settings(

@@ -12,7 +12,10 @@ import time
 from collections.abc import Iterator
 
 import pytest
+import redis
 
+from celery_semaphore import Semaphore
+from celery_semaphore.semaphore import HANDOFF_MARK
 from celery_semaphore.testing import RedisServer
 from tests.conftest import delete_prefix
 
@@ -114,3 +117,99 @@ def test_revoked_while_held_never_runs_and_leaves_nothing(node: tuple[Env, Worke
     assert ran(env) == ["keeper"]
     assert victim.state == "REVOKED"
     wait_until(lambda: not holders(env) and not sem.waiters(), 10, what="nothing left")
+
+
+class _Handoffs:
+    """A releaser's side of a handoff, as the Celery layer does it: record each grant and push
+    it onto the gate's wake list named by the waiter's wake data (``@<key>``)."""
+
+    def __init__(self, env: Env) -> None:
+        self.env = env
+        self.granted: list[tuple[str, str, int, float]] = []
+        self.named: list[tuple[str, str]] = []
+
+    def semaphore(self) -> Semaphore:
+        return Semaphore(
+            "main",
+            self.env.limit,
+            redis=self.env.redis_url,
+            key_prefix=self.env.prefix,
+            lease_ttl=self.env.lease,
+            on_wake=lambda ticket, data: self.named.append((ticket, data)),
+            on_handoff=self.hand,
+        )
+
+    def hand(self, ticket: str, data: str, fence: int, expires_at: float) -> None:
+        self.granted.append((ticket, data, fence, expires_at))
+        push(self.env, data, f"+{fence} {round(expires_at * 1000)} {ticket}")
+
+
+def push(env: Env, data: str, item: str) -> None:
+    client = redis.Redis.from_url(env.redis_url)
+    try:
+        client.rpush(data[1:], item)
+    finally:
+        client.close()
+
+
+def test_a_release_hands_the_permit_to_a_held_task(node: tuple[Env, Worker]) -> None:
+    """The held task's place takes handoffs: the release grants it the unit in the same
+    script, and the gate runs it with that very grant (no attempt of its own)."""
+    env, _ = node
+    hands = _Handoffs(env)
+    sem = hands.semaphore()
+    held = sem.acquire(blocking=False)
+    assert held is not None
+    result = env.client_app().send_task(proj.work.name, ("h", 1.0))
+    try:
+        wait_until(lambda: len(sem.waiters()) == 1, 20, what="h waits")
+    finally:
+        held.release()
+    # granted by the release itself, not named for a claim
+    [(ticket, data, fence, _)] = hands.granted
+    assert hands.named == []
+    assert ticket == f"{result.id}:0"
+    assert data.endswith(HANDOFF_MARK)
+    assert fence == held.fencing_token + 1
+    # the body runs under that grant
+    wait_until(lambda: started(env) == ["h"], 20, what="h starts")
+    assert [(h.token, h.fencing_token) for h in sem.holders()] == [(ticket, fence)]
+    assert result.get(timeout=20) == "h"
+    assert max_inside(env) == 1
+    wait_until(lambda: not holders(env) and not sem.waiters(), 10, what="nothing left")
+    assert sem.inspect().grants_total == fence  # no other grant was made
+
+
+def test_a_handoff_for_a_task_the_gate_no_longer_holds_is_given_back(
+    node: tuple[Env, Worker],
+) -> None:
+    env, _ = node
+    app = env.client_app()
+    hands = _Handoffs(env)
+    sem = hands.semaphore()
+    # a first handoff tells the gate's wake data (where to push a handoff)
+    held = sem.acquire(blocking=False)
+    assert held is not None
+    first = app.send_task(proj.work.name, ("first", 0.05))
+    wait_until(lambda: len(sem.waiters()) == 1, 20, what="first waits")
+    held.release()
+    assert first.get(timeout=20) == "first"
+    wait_until(lambda: not holders(env), 10, what="first released")
+    # a held task is revoked and leaves the line ...
+    held = sem.acquire(blocking=False)
+    assert held is not None
+    victim = app.send_task(proj.work.name, ("victim", 0.05))
+    wait_until(lambda: len(sem.waiters()) == 1, 20, what="victim waits")
+    [waiter] = sem.waiters()
+    claim = waiter.owner["claim"]  # the claim of any grant to it
+    app.control.revoke(victim.id)
+    wait_until(lambda: not sem.waiters(), 10, what="the revoked task left the line")
+    held.release()
+    # ... as a release granted it the unit (the race, made here on purpose)
+    ticket = f"{victim.id}:0"
+    grant = sem.try_acquire(ticket, claim=claim, place_ttl=10)
+    assert grant.permit is not None
+    push(env, hands.granted[0][1], f"+{grant.permit.fencing_token} 0 {ticket}")
+    # the gate gives it back at once (not after the 60 s lease), and it never runs
+    wait_until(lambda: not holders(env), 5, what="the orphan grant given back")
+    assert ran(env) == ["first"]
