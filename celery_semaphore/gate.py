@@ -329,7 +329,8 @@ class Gate:
         if isinstance(sem, Semaphore):
             # takes handoffs (see Semaphore(on_handoff=...)): granted under its owner's claim
             wake_data = "@" + self.handoff_key
-            owner["claim"] = claim
+            # its own lease: the releasing task's may be shorter than this one's heartbeat
+            owner.update(claim=claim, lease_ms=round(opts.lease_ttl * 1000))
         else:  # a group's units are granted together, by its own scripts
             wake_data = "@" + self.key
         entry = _Entry(req, spec, plan, sem, opts, ticket, claim, wake_data, state, owner)

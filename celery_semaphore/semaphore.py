@@ -312,10 +312,10 @@ class Semaphore:
     :param on_handoff: with ``on_wake``: this semaphore's releases grant the freed units
         straight to the parked waiters that take handoffs (wake data ending with
         :data:`~celery_semaphore.semaphore.HANDOFF_MARK`, and ``owner["claim"]``: the claim
-        of the grant; its lease is ``lease_ttl``) and call ``on_handoff(ticket, data,
-        fencing_token, lease_expires_at)`` for each (expiry in server epoch seconds), instead
-        of ``on_wake``.  The receiver owns that permit: it
-        starts the work or releases it.  Without it, such waiters are named through
+        of the grant; its lease is ``owner["lease_ms"]`` if that is a number of ms, else
+        ``lease_ttl``) and call ``on_handoff(ticket, data, fencing_token, lease_expires_at)``
+        for each (expiry in server epoch seconds), instead of ``on_wake``.  The receiver owns
+        that permit: it starts the work or releases it.  Without it, such waiters are named through
         ``on_wake`` and claim their units with :meth:`try_acquire` like any other.
     :param hash_tag: put this semaphore's keys in the Redis Cluster slot of ``{hash_tag}``
         instead of one of its own (the name is still part of every key).  Semaphores used

@@ -15,7 +15,8 @@
 --                          waiter whose wake data ends with HANDOFF_MARK and whose owner (JSON)
 --                          has a string "claim" is granted its units here, under that claim,
 --                          instead of being named to come and claim them (one round trip less
---                          per handoff)
+--                          per handoff); its owner's "lease_ms", when a number from 1 ms to
+--                          1e12 ms, is the grant's lease instead
 -- ARGV[3] claim          '' releases whoever holds `token`; otherwise only a holder that was
 --                        granted under this claim (another copy's permit is left alone)
 --
@@ -48,8 +49,9 @@ local list = entitled(effective_limit(client_limit), aging)
 -- served already); name the others.
 local reply, named = {status, 0}, {}
 fence = tonumber(fence) or 0
--- the claim a handoff waiter's grant is made under: its owner's "claim" (false: none)
-local function handoff_claim(info)
+-- the claim a handoff waiter's grant is made under, its owner's "claim" (false: none, not a
+-- handoff waiter), and the grant's lease
+local function handoff_terms(info)
   local data = info.d
   if #data <= #HANDOFF_MARK or string.sub(data, -#HANDOFF_MARK) ~= HANDOFF_MARK then
     return false
@@ -58,13 +60,15 @@ local function handoff_claim(info)
   if not ok or type(owner) ~= 'table' then return false end
   local c = owner.claim
   if type(c) ~= 'string' or c == '' then return false end
-  return c
+  local lease = owner.lease_ms
+  if type(lease) ~= 'number' or lease < 1 or lease > 1e12 then return c, handoff_ms end
+  return c, math.floor(lease)
 end
 
 for _, entry in ipairs(list) do
   local ticket, info = entry[1], entry[2]
   local data = info.d
-  local handoff_to = handoff_claim(info)
+  local handoff_to, lease_ms = handoff_terms(info)
   if handoff_to then
     local record = nil
     if info.p ~= '' then
@@ -72,8 +76,8 @@ for _, entry in ipairs(list) do
       record = {u, c or -1, w}
     end
     local expiry
-    fence, expiry = grant(ticket, info.w, tostring(info.w), handoff_to, info.o, handoff_ms,
-      fence, info.p, record)
+    fence, expiry = grant(ticket, info.w, tostring(info.w), handoff_to, info.o, lease_ms, fence,
+      info.p, record)
     drop_waiter(ticket, info)
     reply[#reply + 1] = ticket
     reply[#reply + 1] = data

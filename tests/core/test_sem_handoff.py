@@ -229,3 +229,24 @@ def test_a_failing_on_handoff_leaves_the_grant_to_be_claimed(
     assert sem.release_token("h") is True  # the release itself succeeded
     again = sem.try_acquire("w", place_ttl=30, claim=CLAIM, wake_data=GATE)
     assert again.status is AttemptStatus.ALREADY_HELD
+
+
+def test_the_grant_takes_the_waiters_own_lease_when_its_owner_names_one(
+    make_semaphore: SemaphoreFactory, calls: Calls
+) -> None:
+    """A releaser with a 30 s lease hands off to a task whose own lease is 300 s (its heartbeat
+    refreshes every 100 s): the grant must last the receiver's lease, not the releaser's."""
+    sem = make(make_semaphore, calls, "leases", 2)
+    hold(sem, "h1")
+    hold(sem, "h2")
+    wait_handoff(sem, "long", owner={"lease_ms": 300_000})
+    wait_handoff(sem, "odd", owner={"lease_ms": "300000"})  # not a number: the releaser's
+    sem.release_token("h1")
+    sem.release_token("h2")
+    now = sem.inspect().server_time
+    expiry = {ticket: expires_at for ticket, _, _, expires_at in calls.handoffs}
+    assert expiry["long"] == pytest.approx(now + 300, abs=2)
+    assert expiry["odd"] == pytest.approx(now + 30, abs=2)
+    remaining = {h.token: h.lease_remaining for h in sem.holders()}
+    assert remaining["long"] > 290
+    assert remaining["odd"] < 31

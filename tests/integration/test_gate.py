@@ -202,6 +202,7 @@ def test_a_handoff_for_a_task_the_gate_no_longer_holds_is_given_back(
     wait_until(lambda: len(sem.waiters()) == 1, 20, what="victim waits")
     [waiter] = sem.waiters()
     claim = waiter.owner["claim"]  # the claim of any grant to it
+    assert waiter.owner["lease_ms"] == round(env.lease * 1000)  # and its lease
     app.control.revoke(victim.id)
     wait_until(lambda: not sem.waiters(), 10, what="the revoked task left the line")
     held.release()
