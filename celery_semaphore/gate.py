@@ -434,19 +434,8 @@ class Gate:
     def _give_back_handoff(self, entry: _Entry) -> None:
         """Give back a grant a handoff may have made to ``entry`` (no longer held here); it is
         not handed off again (its place may still name this gate)."""
-        if not isinstance(entry.sem, Semaphore):
-            return
-        try:
-            entry.sem.release_token(
-                entry.ticket, claim=entry.claim, tombstone_ttl=0, timed=False, handoff=False
-            )
-        except SemaphoreError as exc:
-            log.warning(
-                "could not give back a grant: %s",
-                exc,
-                semaphore=entry.sem.name,
-                task_id=entry.req.id,
-            )
+        if isinstance(entry.sem, Semaphore):  # a group's grants are never handed off
+            self._give_back(entry, handoff=False)
 
     def _note_left(self, entry: _Entry) -> None:
         """(Under the lock) ``entry`` left without a grant (see LEFT_TTL)."""
@@ -520,9 +509,17 @@ class Gate:
             return None
         return "slot"
 
-    def _give_back(self, entry: _Entry) -> None:
+    def _give_back(self, entry: _Entry, *, handoff: bool = True) -> None:
+        """Release a grant ``entry`` will not use; ``handoff=False``: the units go to no
+        waiter by handoff (see :meth:`_give_back_handoff`)."""
+        sem = entry.sem
         try:
-            entry.sem.release_token(entry.ticket, claim=entry.claim, tombstone_ttl=0, timed=False)
+            if isinstance(sem, Semaphore) and not handoff:
+                sem.release_token(
+                    entry.ticket, claim=entry.claim, tombstone_ttl=0, timed=False, handoff=False
+                )
+            else:
+                sem.release_token(entry.ticket, claim=entry.claim, tombstone_ttl=0, timed=False)
         except SemaphoreError as exc:
             log.warning(
                 "could not give back a grant: %s",
