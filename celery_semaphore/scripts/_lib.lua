@@ -415,17 +415,20 @@ end
 -- Within a partition the line is strict FIFO.  With one partition this is the plain FIFO line.
 -- Returns a list of {ticket, info-table}.
 --
--- Cost: one ZRANGEBYLEX per 16 waiters looked at and per partition with waiters, and one HMGET
--- per 16 waiters looked at.
+-- Cost: one ZRANGEBYLEX per partition with waiters and per 16 waiters looked at beyond the
+-- first batch (as many as the free units, at most 16), and one HMGET per batch looked at.
 local function entitled(limit, aging)
   local out = {}
   local free = limit - used
   if waiting <= 0 or free <= 0 then return out end
-  -- the partitions with waiters, each with its first batch of line members
+  -- the partitions with waiters, each with its first batch of line members: no more than the
+  -- free units can serve (each waiter takes at least one), so the usual release, one unit
+  -- free, reads and parses one waiter, not 16; head() reads on when that was not enough
+  local first = math.min(16, free)
   local parts, fields = {}, {}
   local from = '-'
   while true do
-    local batch = redis.call('ZRANGEBYLEX', K_LINE, from, '+', 'LIMIT', 0, 16)
+    local batch = redis.call('ZRANGEBYLEX', K_LINE, from, '+', 'LIMIT', 0, first)
     local last
     for _, member in ipairs(batch) do
       local part, seq, ticket, pre = split_member(member)
@@ -437,7 +440,7 @@ local function entitled(limit, aging)
       last.members[#last.members + 1] = {seq, ticket}
       last.tail = member
     end
-    if #batch < 16 then break end
+    if #batch < first then break end
     last.more = true  -- it may have more members than this batch holds
     from = '(' .. last.pre .. '\255'
   end

@@ -24,6 +24,9 @@ from .workers import Env, Worker, start_worker, wait_until
 
 pytestmark = pytest.mark.timeout(120)
 
+#: what a worker logs when a copy of a task finds that another copy ran (or runs) it
+DROPPED = "this copy is a duplicate"
+
 
 @pytest.fixture(params=["redis", "rabbitmq"])
 def node(request: pytest.FixtureRequest, redis_server: RedisServer) -> Iterator[tuple[Env, Worker]]:
@@ -95,7 +98,16 @@ def test_visibility_timeout_redelivery_does_not_exceed_the_limit(
         time.sleep(1.5)  # let the visibility timeout pass (nothing to poll for)
         second = start_worker(env, pool="prefork", concurrency=2)  # restores unacked messages
         assert result.get(timeout=30) == "v"
-        if len(ran(env)) < 2:
+        workers = (first, second)
+
+        def copy_settled() -> bool:
+            # the copy runs after the original (never beside it), or finds the task done and
+            # drops itself (logged by whichever worker got it)
+            return len(ran(env)) >= 2 or any(DROPPED in w.log() for w in workers)
+
+        try:
+            wait_until(copy_settled, 20, what="the redelivered copy ran or dropped itself")
+        except TimeoutError:
             pytest.skip("the broker did not redeliver the running task this time")
         wait_until(lambda: inside(env) == 0, 15, what="both copies finished")
         assert max_inside(env) == 1, f"{max_inside(env)} bodies inside at once, limit 1"
