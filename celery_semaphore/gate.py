@@ -613,16 +613,26 @@ class Gate:
         original = req.on_failure
 
         def on_failure(exc_info: Any, *args: Any, **kwargs: Any) -> Any:
-            try:
-                return original(exc_info, *args, **kwargs)
-            finally:
-                exc = getattr(exc_info, "exception", None)
-                exc = getattr(exc, "exc", exc)  # billiard's ExceptionWithTraceback wraps it
-                if isinstance(exc, WorkerLostError):
-                    # no tombstone: a redelivery (reject_on_worker_lost) must run, not drop
+            exc = getattr(exc_info, "exception", None)
+            exc = getattr(exc, "exc", exc)  # billiard's ExceptionWithTraceback wraps it
+            if isinstance(exc, WorkerLostError):
+                # Before Celery's own handling, whose task_failure signal would release it
+                # too (and log it a second time): that release then finds nothing held.
+                # No tombstone: a redelivery (reject_on_worker_lost) must run, not drop.
+                try:
                     self._release(
                         entry, "the process running it was lost", tombstone_ttl=0, timed=True
                     )
+                except Exception as err:  # never keep Celery from handling the failure
+                    log_release.error(
+                        "could not release the permit of task %s: %s: %s",
+                        req.name,
+                        type(err).__name__,
+                        err,
+                        semaphore=entry.sem.name,
+                        task_id=req.id,
+                    )
+            return original(exc_info, *args, **kwargs)
 
         req.on_failure = on_failure
 

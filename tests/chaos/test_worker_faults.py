@@ -70,7 +70,7 @@ def _released_after(chaos: Chaos, task_id: str, bound: float) -> float:
     return time.monotonic() - t0
 
 
-def test_sigkill_child_mid_task(chaos: Chaos) -> None:
+def test_sigkill_child_mid_task(chaos: Chaos, cluster: tuple[Chaos, list[Worker]]) -> None:
     chaos.load(6, 0.3)
     victim = chaos.send("sleep", 20.0, expect=LOST)
     for _ in range(2):
@@ -83,6 +83,15 @@ def test_sigkill_child_mid_task(chaos: Chaos) -> None:
     measure("SIGKILL prefork child", "permit back after the kill", took)
     assert took < 1.0
     chaos.assert_promise()
+    # given back once, and said once (the gate, the reaper and Celery's task_failure all
+    # learn of the loss; whichever releases first logs it, the others find nothing held)
+    said = [
+        line
+        for node in cluster[1]
+        for line in node.log().splitlines()
+        if victim.id in line and "released the permit" in line
+    ]
+    assert len(said) == 1, said
 
 
 def test_hard_and_soft_time_limits(chaos: Chaos) -> None:
