@@ -57,6 +57,7 @@ from .keys import node_wake_key
 from .locks import Lock, grant_of, lock_kwargs
 from .runtime import (
     GATE_HEADER,
+    GATE_WAKE_TTL,
     HEADER,
     QUEUE_KEY,
     WaitState,
@@ -211,6 +212,7 @@ class Gate:
         unregister_gate(self.handoff_key)
         with self._arrived:
             self._arrived.notify_all()
+        self._interrupt_wait()
         for thread in (self._thread, self._arrivals_thread):
             if thread is not None:
                 thread.join(timeout=5)
@@ -246,6 +248,19 @@ class Gate:
         for entry in undispatched:
             # no tombstone: the message was never acknowledged, and its redelivery must run
             self._release(entry, "the worker stopped before it started", tombstone_ttl=0)
+
+    def _interrupt_wait(self) -> None:
+        """End the gate thread's blocking pop now rather than at its tick: an empty item on
+        its own list (read as a wake-up for no ticket), so the worker stops up to a tick
+        sooner.  Best effort: without it the pop still ends within ``TICK``."""
+        try:
+            client = self._client()
+            pipe = client.pipeline(transaction=False)
+            pipe.rpush(self.key, "")
+            pipe.expire(self.key, GATE_WAKE_TTL)
+            pipe.execute()
+        except Exception as exc:  # Redis down, or no client: the tick ends the wait
+            log.debug("could not interrupt the gate's wait: %s", exc, semaphore=None, task_id=None)
 
     # -- the consumer's side (hub thread) ---------------------------------------------------
 

@@ -111,3 +111,37 @@ def test_a_grant_not_handed_over_before_stop_is_released(app: Celery) -> None:
     for fn, args in consumer.soon:  # a hub that runs them after all: nothing is dispatched
         fn(*args)
     assert dispatched == []
+
+
+def test_stop_does_not_wait_for_the_gate_threads_tick(
+    app: Celery, redis_server: RedisServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The gate thread blocks in a pop on its wake list between ticks; ``stop()`` ends that
+    wait at once (a no-op item on the list) instead of letting the worker's shutdown sit out
+    the rest of the tick.  With a 30 s tick, the thread must be gone when ``stop()`` returns
+    (``stop()`` gives it 5 s; without the interrupt it would still be blocked)."""
+    import celery_semaphore.gate as gate_module
+
+    monkeypatch.setattr(gate_module, "TICK", 30.0)
+
+    @app.task(name="gate_stop.tick", shared=False)
+    @limited("tick", limit=1)
+    def job() -> None:
+        pass
+
+    client = redis_server.client(0)
+    try:
+        before = int(client.info("clients")["blocked_clients"])
+        gate = Gate(StoppedConsumer(app), lambda req: None, hold=10)
+        gate.start()
+        thread = gate._thread
+        assert thread is not None
+        wait_until(
+            lambda: int(client.info("clients")["blocked_clients"]) > before,
+            10,
+            what="the gate thread blocks in its pop",
+        )
+        gate.stop()
+        assert not thread.is_alive(), "stop() returned while the gate thread still waited"
+    finally:
+        client.close()
