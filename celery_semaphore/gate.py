@@ -57,7 +57,6 @@ from .keys import node_wake_key
 from .locks import Lock, grant_of, lock_kwargs
 from .runtime import (
     GATE_HEADER,
-    GATE_WAKE_TTL,
     HEADER,
     QUEUE_KEY,
     WaitState,
@@ -67,6 +66,7 @@ from .runtime import (
     lock_names,
     lost_at_fence,
     lost_at_grant,
+    push_to_gate,
     quarantined,
     register_gate,
     unregister_gate,
@@ -254,11 +254,7 @@ class Gate:
         its own list (read as a wake-up for no ticket), so the worker stops up to a tick
         sooner.  Best effort: without it the pop still ends within ``TICK``."""
         try:
-            client = self._client()
-            pipe = client.pipeline(transaction=False)
-            pipe.rpush(self.key, "")
-            pipe.expire(self.key, GATE_WAKE_TTL)
-            pipe.execute()
+            push_to_gate(self.app, self.key, "")
         except Exception as exc:  # Redis down, or no client: the tick ends the wait
             log.debug("could not interrupt the gate's wait: %s", exc, semaphore=None, task_id=None)
 

@@ -62,6 +62,7 @@ __all__ = [
     "handled_here",
     "lock_for",
     "note_handled",
+    "push_to_gate",
     "quarantine_guard",
     "register_gate",
     "run_limited",
@@ -311,11 +312,17 @@ class _Redispatcher:
         self._push(key, f"+{fence} {round(expires_at * 1000)} {ticket}")
 
     def _push(self, key: str, item: str) -> None:
-        client = client_for(config.redis_url_for(self.app.conf), self.app.conf)
-        pipe = client.pipeline(transaction=False)
-        pipe.rpush(key, item)
-        pipe.expire(key, GATE_WAKE_TTL)
-        pipe.execute()
+        push_to_gate(self.app, key, item)
+
+
+def push_to_gate(app: Any, key: str, item: str) -> None:
+    """Append ``item`` to a gate's wake list ``key`` (one round trip), which then lives
+    :data:`GATE_WAKE_TTL` past its last push."""
+    client = client_for(config.redis_url_for(app.conf), app.conf)
+    pipe = client.pipeline(transaction=False)
+    pipe.rpush(key, item)
+    pipe.expire(key, GATE_WAKE_TTL)
+    pipe.execute()
 
 
 # -- the worker-side gate's registry (see celery_semaphore.gate) ------------------------------
