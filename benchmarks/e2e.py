@@ -200,6 +200,24 @@ def group_cpu(workers: list[Worker]) -> float:
     return total
 
 
+def host_jiffies() -> tuple[int, int]:
+    """(busy, all) CPU time of the whole host so far, in clock ticks, summed over its CPUs
+    (Linux /proc/stat; (0, 0) elsewhere).  Busy is everything but idle and iowait."""
+    try:
+        with open("/proc/stat") as f:
+            fields = [int(x) for x in f.readline().split()[1:]]
+    except (OSError, ValueError):
+        return 0, 0
+    total = sum(fields[:8])  # guest time is already counted in user and nice
+    return total - fields[3] - fields[4], total
+
+
+def host_busy(before: tuple[int, int], after: tuple[int, int]) -> float:
+    """The share of the host's CPU time in use between two :func:`host_jiffies` readings."""
+    total = after[1] - before[1]
+    return (after[0] - before[0]) / total if total > 0 else math.nan
+
+
 def start_workers(
     cfg: e2e_app.AppConfig, client: Any, pool: str, nodes: int, slots: int, logdir: Path
 ) -> list[Worker]:
@@ -295,6 +313,7 @@ class Run:
     wakes: int = 0  # ours: "re-dispatched" lines
     dups: int = 0  # ours: duplicate copies dropped
     cpu: float = math.nan  # CPU seconds the workers used from the first send to the last end
+    host: float = math.nan  # share of the host's CPU time in use meanwhile (all processes)
     problems: list[str] = field(default_factory=list)  # WARNING+ log lines
     samples: list[str] = field(default_factory=list)  # a few park/wake lines
 
@@ -388,6 +407,7 @@ def run_cell(
         time.sleep(0.2)
         _reset_bookkeeping(r, cfg)
         cpu0 = group_cpu(workers)
+        host0 = host_jiffies()
 
         sends: dict[str, tuple[Load, float, float]] = {}
         if cell.load is not None:
@@ -397,6 +417,7 @@ def run_cell(
             first, last = _send(client, e2e_app.PLAIN, cell.unlimited)
             sends["plain"] = (cell.unlimited, first, last)
         _wait_ledgers(r, cfg, {k: v[0].n for k, v in sends.items()}, _poll_timeout(cell))
+        host = host_busy(host0, host_jiffies())
         cpu = group_cpu(workers) - cpu0
 
         spans: dict[str, Span] = {}
@@ -413,7 +434,12 @@ def run_cell(
                     for (a, b, how), task_id in zip(span.bodies, span.ids, strict=True)
                 )
         main = spans.get(design.kind) if cell.load is not None else None
-        run = Run(main=main, unlimited=spans.get("plain") if cell.unlimited else None, cpu=cpu)
+        run = Run(
+            main=main,
+            unlimited=spans.get("plain") if cell.unlimited else None,
+            cpu=cpu,
+            host=host,
+        )
         if design.key == "hand":
             run.parks = int(r.get(cfg.key("hand", "retries")) or 0)
     finally:
@@ -542,6 +568,7 @@ class Summary:
     dups: float
     unlimited: float  # median makespan of the unlimited tasks, s (NaN if none)
     cpu: float  # median worker CPU seconds per run
+    host: float  # median share of the host's CPU time in use during a run
     incomplete: int  # runs that did not finish in time
 
 
@@ -573,6 +600,7 @@ def summarize(runs: list[Run], units: int) -> Summary:
         dups=sum(r.dups for r in runs) / n,
         unlimited=statistics.median(unl_good) if unl_good else math.nan,
         cpu=statistics.median([r.cpu for r in runs]) if runs else math.nan,
+        host=statistics.median([r.host for r in runs]) if runs else math.nan,
         incomplete=incomplete,
     )
 
@@ -716,7 +744,8 @@ def main(argv: list[str] | None = None) -> int:
                 f"{c.name}: makespan {_num(s.makespan, 3)} s, util {_num(s.util)}, max "
                 f"{s.max_inside}, handoff p50 {_num(s.p50, 1)} p99 {_num(s.p99, 1)} ms, parks "
                 f"{_num(s.parks, 0)}, wakes {_num(s.wakes, 0)}, dups {_num(s.dups, 0)}, "
-                f"cpu {_num(s.cpu, 1)} s, unlimited {_num(s.unlimited, 3)} s; handoffs "
+                f"cpu {_num(s.cpu, 1)} s, host CPU busy {_pct0(s.host)}, unlimited "
+                f"{_num(s.unlimited, 3)} s; handoffs "
                 f"{by_path(results[c.name])}"
             )
     else:
@@ -794,6 +823,7 @@ def report(
         "wakes",
         "dups",
         "CPU s",
+        "host CPU",
         "unl. alone s",
         "unl. mixed s",
         "slowdown",
@@ -823,6 +853,10 @@ def report(
         "INCR/DECR counter in Redis, independent of any",
         "  semaphore), over all runs.  CPU s: CPU seconds all worker processes used during "
         "the measured part of a run (median).",
+        f"host CPU: the share of the machine's CPU time ({os.cpu_count()} CPUs) in use, by "
+        "any process (the sender, Redis and the workers share it),",
+        "  from the first send until every body was recorded (median); near 100% the run is "
+        "bound by CPU, and every step of it waits its turn.",
         f"handoff: units are modelled FIFO ({LIMIT} free at first; each body end frees one, "
         "each body start takes the one free longest);",
         "  a start that takes a unit freed by an end after the last send counts, latency = "
@@ -905,6 +939,7 @@ def _row(label: str, pool: str, tasks: str, s: Summary, base_util: float) -> lis
         _num(s.wakes, 0),
         _num(s.dups, 0),
         _num(s.cpu, 1),
+        _pct0(s.host),
         "",
         "",
         "",
@@ -943,6 +978,10 @@ def _dist_version() -> str:
 
 def _pct(x: float) -> str:
     return "n/a" if math.isnan(x) else f"{x * 100:+.0f}%"
+
+
+def _pct0(x: float) -> str:
+    return "n/a" if math.isnan(x) else f"{x * 100:.0f}%"
 
 
 def _redact(url: str) -> str:
