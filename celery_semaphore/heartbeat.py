@@ -11,7 +11,10 @@ and task, and calls the registered callback; the thread never dies on an excepti
 The same thread also *sweeps* the semaphores this process uses (:meth:`Heartbeat.watch`):
 about once a second it runs ``reclaim()`` on each, which takes back expired leases and wakes
 the waiters that free units belong to.  That covers units freed by someone who cannot wake a
-parked Celery task (an expired lease, a release from a script or the CLI).
+parked Celery task (an expired lease, a release from a script or the CLI).  A sweep never
+holds up a lease refresh: it works in slices of at most :data:`SWEEP_SLICE` seconds between
+the refreshes.  A Redis client that fails a sweep is not tried again in the same round, so
+a thousand names on a Redis that is down cost one failed call a second, not a thousand.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from __future__ import annotations
 import math
 import os
 import threading
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -35,6 +39,8 @@ log_release = logs.get("release")
 LostCallback = Callable[[Permit], None]
 #: seconds between sweeps of the watched semaphores
 SWEEP_INTERVAL = 1.0
+#: the most seconds the thread sweeps before it looks at the leases due again
+SWEEP_SLICE = 0.2
 
 
 @dataclass
@@ -55,6 +61,10 @@ class Heartbeat:
         self._changed = threading.Event()
         self._watched: dict[int, Semaphore] = {}
         self._next_sweep = 0.0
+        #: the semaphores the sweep under way has still to visit
+        self._round: deque[Semaphore] = deque()
+        #: ids of the Redis clients that failed in this round (their semaphores are skipped)
+        self._failed: set[int] = set()
         #: when the thread wakes next (inf while it works out its next sleep): a new permit
         #: due later needs no wake-up, which saves a thread switch per task
         self._wake_at = math.inf
@@ -69,6 +79,11 @@ class Heartbeat:
         """Stop sweeping ``semaphore`` (a dynamic name no longer used here)."""
         with self._lock:
             self._watched.pop(id(semaphore), None)
+
+    def watched(self) -> list[Semaphore]:
+        """The semaphores swept in this process right now."""
+        with self._lock:
+            return list(self._watched.values())
 
     def register(
         self,
@@ -129,39 +144,59 @@ class Heartbeat:
                 self._refresh(entry)
                 entry.due = clock.monotonic() + entry.interval
             next_due = min(next_due, entry.due)
-        if self._watched:
-            if self._next_sweep <= now:
-                self._sweep()
+        if self._watched or self._round:
+            # a slice of the sweep, ending before the next lease is due
+            sweep = self._round or self._next_sweep <= now
+            if sweep and self._sweep(min(clock.monotonic() + SWEEP_SLICE, next_due)):
                 self._next_sweep = clock.monotonic() + SWEEP_INTERVAL
-            next_due = min(next_due, self._next_sweep)
+            next_due = min(next_due, clock.monotonic() if self._round else self._next_sweep)
         with self._lock:
             self._wake_at = next_due
         self._changed.wait(max(0.01, next_due - clock.monotonic()))
 
-    def _sweep(self) -> None:
-        with self._lock:
-            watched = list(self._watched.values())
-        for sem in watched:
-            try:
-                if restart.detect(sem):
-                    self._reassert_all(sem)
-            except Exception as exc:
-                log.debug("state check failed: %s", exc, semaphore=sem.name, task_id=None)
-            try:
-                reclaimed = sem.reclaim()  # ops: events (reclaimed =)
-                if reclaimed:  # ops: events
-                    log_release.warning(
-                        "reclaimed %d permit(s) whose lease expired: a holder stopped refreshing "
-                        "(its process crashed or stalled past lease_ttl)",
-                        reclaimed,
-                        semaphore=sem.name,
-                        task_id=None,
-                    )
-                    events.emit(
-                        "reclaimed", name=sem.name, count=reclaimed, reason="expired", task_id=None
-                    )
-            except Exception as exc:
-                log.debug("sweep failed: %s", exc, semaphore=sem.name, task_id=None)
+    def _sweep(self, stop: float) -> bool:
+        """Sweep the watched semaphores, from where the last slice stopped, until ``stop``
+        (one at least); True when the round is done."""
+        if not self._round:
+            with self._lock:
+                self._round.extend(self._watched.values())
+            self._failed.clear()
+        while self._round:
+            sem = self._round.popleft()
+            client = id(sem.client)
+            if id(sem) not in self._watched or client in self._failed:
+                continue  # unwatched since the round began, or its Redis just failed
+            if not self._sweep_one(sem):
+                self._failed.add(client)
+            if clock.monotonic() >= stop:
+                break
+        return not self._round
+
+    def _sweep_one(self, sem: Semaphore) -> bool:
+        """Check ``sem``'s state and take back its expired leases; False when Redis failed."""
+        try:
+            if restart.detect(sem):
+                self._reassert_all(sem)
+        except Exception as exc:
+            log.debug("state check failed: %s", exc, semaphore=sem.name, task_id=None)
+            return False
+        try:
+            reclaimed = sem.reclaim()  # ops: events (reclaimed =)
+            if reclaimed:  # ops: events
+                log_release.warning(
+                    "reclaimed %d permit(s) whose lease expired: a holder stopped refreshing "
+                    "(its process crashed or stalled past lease_ttl)",
+                    reclaimed,
+                    semaphore=sem.name,
+                    task_id=None,
+                )
+                events.emit(
+                    "reclaimed", name=sem.name, count=reclaimed, reason="expired", task_id=None
+                )
+        except Exception as exc:
+            log.debug("sweep failed: %s", exc, semaphore=sem.name, task_id=None)
+            return False
+        return True
 
     def _reassert_all(self, sem: Semaphore) -> None:
         """The state of ``sem`` was lost: take back the permits of the bodies running here."""

@@ -8,10 +8,11 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Iterator
 
 import pytest
 import redis
-from redis.backoff import NoBackoff
+from redis.backoff import ConstantBackoff, NoBackoff
 from redis.retry import Retry
 
 from celery_semaphore import Permit, Semaphore
@@ -74,3 +75,103 @@ def test_survives_redis_errors(make_semaphore: SemaphoreFactory) -> None:
     beat.unregister(bad)
     beat.unregister(good)
     good.release()
+
+
+class _Records(logging.Handler):
+    """Collects records, so a test can wait for some (on a condition, no sleep)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.records: list[logging.LogRecord] = []
+        self.changed = threading.Condition()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        with self.changed:
+            self.records.append(record)
+            self.changed.notify_all()
+
+    def count(self, text: str) -> int:
+        with self.changed:
+            return sum(1 for r in self.records if text in r.getMessage())
+
+    def wait_count(self, text: str, n: int, timeout: float) -> bool:
+        with self.changed:
+            return self.changed.wait_for(
+                lambda: sum(1 for r in self.records if text in r.getMessage()) >= n, timeout
+            )
+
+
+@pytest.fixture
+def heartbeat_records() -> Iterator[_Records]:
+    handler = _Records()
+    logger = logging.getLogger("celery_semaphore")
+    level = logger.level
+    logger.setLevel(logging.DEBUG)
+    logger.addHandler(handler)
+    try:
+        yield handler
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+
+
+def _unreachable(name: str, client: redis.Redis | None = None) -> Semaphore:
+    """A semaphore whose Redis refuses connections; each failing call takes about 0.1 s (one
+    retry after 0.1 s), like a client with retries configured."""
+    if client is None:
+        client = redis.Redis(
+            port=1, socket_connect_timeout=0.05, retry=Retry(ConstantBackoff(0.1), 1)
+        )
+    return Semaphore(name, 1, redis=client, lease_ttl=1.0)
+
+
+def test_a_slow_sweep_never_holds_up_a_lease_refresh(
+    make_semaphore: SemaphoreFactory, heartbeat_records: _Records
+) -> None:
+    """Forty semaphores on forty unreachable Redis clients take about 4 s to sweep; a lease
+    of 0.6 s refreshed every 0.2 s must live through it (the sweep works in slices)."""
+    sem = make_semaphore("hb-slices", 1, lease_ttl=0.6)
+    beat = Heartbeat()
+    dead = [_unreachable(f"hb-dead-{i}") for i in range(40)]
+    permit = sem.acquire(blocking=False)
+    assert permit is not None
+    try:
+        beat.register(permit, interval=0.2, task_id="t-slices")
+        for other in dead:
+            beat.watch(other)
+        # one whole round of the sweep: every unreachable semaphore has failed once
+        assert heartbeat_records.wait_count("state check failed", len(dead), 30)
+        assert not permit.lost
+        assert [h.token for h in sem.holders()] == [permit.token]
+    finally:
+        for other in dead:
+            beat.unwatch(other)
+        beat.unregister(permit)
+    assert heartbeat_records.count("permit LOST") == 0
+    assert permit.release()
+
+
+def test_a_failing_redis_costs_one_call_per_sweep(
+    make_semaphore: SemaphoreFactory, redis_client: redis.Redis, heartbeat_records: _Records
+) -> None:
+    """Thirty names on one unreachable Redis: the sweep tries it once a round and goes on to
+    the semaphores whose Redis answers (a stray lease there is taken back)."""
+    client = redis.Redis(port=1, socket_connect_timeout=0.05, retry=Retry(ConstantBackoff(0.1), 1))
+    dead = [_unreachable(f"hb-down-{i}", client) for i in range(30)]
+    healthy = make_semaphore("hb-healthy", 1, lease_ttl=0.3)
+    beat = Heartbeat()
+    try:
+        for other in dead:
+            beat.watch(other)
+        watched_healthy = make_semaphore("hb-healthy", 1, lease_ttl=0.3)
+        beat.watch(watched_healthy)  # swept after the thirty
+        assert healthy.acquire(blocking=False) is not None  # a holder that never refreshes
+        assert heartbeat_records.wait_count("reclaimed 1 permit(s) whose lease expired", 1, 10)
+        rounds = heartbeat_records.count("state check failed")
+        # about one failed call per round (a round a second), never one per name
+        assert 1 <= rounds < len(dead), rounds
+        assert healthy.holders() == []
+    finally:
+        for other in dead:
+            beat.unwatch(other)
+        beat.unwatch(watched_healthy)

@@ -25,6 +25,7 @@ from celery.contrib.testing.worker import start_worker
 
 from celery_semaphore import Semaphore, events, limited, logs
 from celery_semaphore.audit import operator
+from celery_semaphore.heartbeat import heartbeat
 
 from .conftest import make_app, run_cli
 
@@ -291,7 +292,13 @@ def test_acquire_wait_forced_release_lost_lease_and_release_are_logged(
         assert "(" not in released.getMessage().split("] ", 1)[1]  # a plain release
         assert_names(released, NAME, second.id)
 
-        # a holder that stops refreshing: the worker's sweep reclaims its permit, at WARNING
+        # a holder that stops refreshing: the worker's sweep reclaims its permit, at WARNING.
+        # The sweep is this process's: it also visits semaphores that earlier tests left
+        # watched, some on Redis servers long gone; only this test's own are kept, so the
+        # wait below measures this worker's sweep, not the rest of the session's.
+        for other in heartbeat.watched():
+            if other.name != NAME or other.key_prefix != key_prefix:
+                heartbeat.unwatch(other)
         stray = Semaphore(NAME, 1, redis=redis_client, lease_ttl=1.0, key_prefix=key_prefix)
         assert stray.acquire(timeout=5) is not None
         reclaimed = records.wait_for(
