@@ -18,6 +18,7 @@ from redis.retry import Retry
 from celery_semaphore import Permit, Semaphore
 from celery_semaphore.heartbeat import Heartbeat
 from tests.conftest import SemaphoreFactory
+from tests.log_records import LogRecords, containing
 
 
 def test_keeps_a_lease_alive_far_past_its_ttl(make_semaphore: SemaphoreFactory) -> None:
@@ -77,33 +78,9 @@ def test_survives_redis_errors(make_semaphore: SemaphoreFactory) -> None:
     good.release()
 
 
-class _Records(logging.Handler):
-    """Collects records, so a test can wait for some (on a condition, no sleep)."""
-
-    def __init__(self) -> None:
-        super().__init__(logging.DEBUG)
-        self.records: list[logging.LogRecord] = []
-        self.changed = threading.Condition()
-
-    def emit(self, record: logging.LogRecord) -> None:
-        with self.changed:
-            self.records.append(record)
-            self.changed.notify_all()
-
-    def count(self, text: str) -> int:
-        with self.changed:
-            return sum(1 for r in self.records if text in r.getMessage())
-
-    def wait_count(self, text: str, n: int, timeout: float) -> bool:
-        with self.changed:
-            return self.changed.wait_for(
-                lambda: sum(1 for r in self.records if text in r.getMessage()) >= n, timeout
-            )
-
-
 @pytest.fixture
-def heartbeat_records() -> Iterator[_Records]:
-    handler = _Records()
+def heartbeat_records() -> Iterator[LogRecords]:
+    handler = LogRecords()
     logger = logging.getLogger("celery_semaphore")
     level = logger.level
     logger.setLevel(logging.DEBUG)
@@ -126,7 +103,7 @@ def _unreachable(name: str, client: redis.Redis | None = None) -> Semaphore:
 
 
 def test_a_slow_sweep_never_holds_up_a_lease_refresh(
-    make_semaphore: SemaphoreFactory, heartbeat_records: _Records
+    make_semaphore: SemaphoreFactory, heartbeat_records: LogRecords
 ) -> None:
     """Forty semaphores on forty unreachable Redis clients take about 4 s to sweep; a lease
     of 0.6 s refreshed every 0.2 s must live through it (the sweep works in slices)."""
@@ -140,19 +117,19 @@ def test_a_slow_sweep_never_holds_up_a_lease_refresh(
         for other in dead:
             beat.watch(other)
         # one whole round of the sweep: every unreachable semaphore has failed once
-        assert heartbeat_records.wait_count("state check failed", len(dead), 30)
+        assert heartbeat_records.wait_count(containing("state check failed"), len(dead), 30)
         assert not permit.lost
         assert [h.token for h in sem.holders()] == [permit.token]
     finally:
         for other in dead:
             beat.unwatch(other)
         beat.unregister(permit)
-    assert heartbeat_records.count("permit LOST") == 0
+    assert heartbeat_records.count(containing("permit LOST")) == 0
     assert permit.release()
 
 
 def test_a_failing_redis_costs_one_call_per_sweep(
-    make_semaphore: SemaphoreFactory, redis_client: redis.Redis, heartbeat_records: _Records
+    make_semaphore: SemaphoreFactory, redis_client: redis.Redis, heartbeat_records: LogRecords
 ) -> None:
     """Thirty names on one unreachable Redis: the sweep tries it once a round and goes on to
     the semaphores whose Redis answers (a stray lease there is taken back)."""
@@ -166,8 +143,10 @@ def test_a_failing_redis_costs_one_call_per_sweep(
         watched_healthy = make_semaphore("hb-healthy", 1, lease_ttl=0.3)
         beat.watch(watched_healthy)  # swept after the thirty
         assert healthy.acquire(blocking=False) is not None  # a holder that never refreshes
-        assert heartbeat_records.wait_count("reclaimed 1 permit(s) whose lease expired", 1, 10)
-        rounds = heartbeat_records.count("state check failed")
+        assert heartbeat_records.wait_count(
+            containing("reclaimed 1 permit(s) whose lease expired"), 1, 10
+        )
+        rounds = heartbeat_records.count(containing("state check failed"))
         # about one failed call per round (a round a second), never one per name
         assert 1 <= rounds < len(dead), rounds
         assert healthy.holders() == []

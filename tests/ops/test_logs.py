@@ -26,6 +26,7 @@ from celery.contrib.testing.worker import start_worker
 from celery_semaphore import Semaphore, events, limited, logs
 from celery_semaphore.audit import operator
 from celery_semaphore.heartbeat import heartbeat
+from tests.log_records import LogRecords as Waiter
 
 from .conftest import make_app, run_cli
 
@@ -33,32 +34,6 @@ pytestmark = pytest.mark.timeout(120)
 
 PACKAGE = Path(logs.__file__).parent
 NAME = "logs-sem"
-
-
-class Waiter(logging.Handler):
-    """Collects the package's records, so a test can wait for one (on a condition, no sleep)."""
-
-    def __init__(self) -> None:
-        super().__init__(logging.DEBUG)
-        self.records: list[logging.LogRecord] = []
-        self.changed = threading.Condition()
-
-    def emit(self, record: logging.LogRecord) -> None:
-        with self.changed:
-            self.records.append(record)
-            self.changed.notify_all()
-
-    def wait_for(
-        self, what: str, match: Callable[[logging.LogRecord], bool], timeout: float = 20.0
-    ) -> logging.LogRecord:
-        with self.changed:
-            found = self.changed.wait_for(
-                lambda: next((r for r in self.records if match(r)), None), timeout
-            )
-        assert found is not None, (
-            f"no log record: {what}; got {[r.getMessage() for r in self.records]}"
-        )
-        return found
 
 
 @pytest.fixture
