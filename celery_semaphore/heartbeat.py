@@ -163,9 +163,11 @@ class Heartbeat:
             self._failed.clear()
         while self._round:
             sem = self._round.popleft()
+            if id(sem) not in self._watched:
+                continue  # unwatched since the round began
             client = id(sem.client)
-            if id(sem) not in self._watched or client in self._failed:
-                continue  # unwatched since the round began, or its Redis just failed
+            if client in self._failed:
+                continue  # its Redis failed earlier in this round
             if not self._sweep_one(sem):
                 self._failed.add(client)
             if clock.monotonic() >= stop:

@@ -287,7 +287,7 @@ class _Redispatcher:
             if gate is not None and gate.pid == os.getpid():
                 gate.wake(ticket)
                 return
-            self._push(key, ticket)
+            push_to_gate(self.app, key, ticket)
             return
         from celery.canvas import Signature
 
@@ -309,10 +309,7 @@ class _Redispatcher:
         if gate is not None and gate.pid == os.getpid():
             gate.handed(ticket, fence, expires_at)
             return
-        self._push(key, f"+{fence} {round(expires_at * 1000)} {ticket}")
-
-    def _push(self, key: str, item: str) -> None:
-        push_to_gate(self.app, key, item)
+        push_to_gate(self.app, key, f"+{fence} {round(expires_at * 1000)} {ticket}")
 
 
 def push_to_gate(app: Any, key: str, item: str) -> None:
