@@ -88,6 +88,9 @@ HELD_PLACE_MIN = 3.0
 #: the longest a task is held before it is parked (re-published with a countdown); kept below
 #: RabbitMQ's default consumer_timeout (30 min), and below half the Redis visibility_timeout
 MAX_HOLD = 900.0
+#: while Redis fails, a task held too long stays held up to this many times MAX_HOLD (still
+#: below RabbitMQ's consumer_timeout and the Redis visibility_timeout), then parks regardless
+PARK_ANYWAY = 1.5
 #: seconds between the gate thread's maintenance passes
 TICK = 1.0
 #: a held task is named in wake-ups at most once per this many seconds
@@ -178,6 +181,11 @@ class Gate:
         self._specs: dict[str, LimitSpec | None] = {}
         self._vt = config.visibility_timeout(self.app.conf)
         self._blmpop = True  # until the server says it has no BLMPOP (before Redis 7)
+        #: when a Redis call last failed, and when the last tick ended (see _redis_ok)
+        self._failed_at = float("-inf")
+        self._tick_ended = 0.0
+        #: the held task whose Redis call failed in the last tick that made any
+        self._failed_on: str | None = None
         #: the pool takes work from any thread (the threads pool's executor is thread-safe),
         #: and nothing else (an autoscaler's semaphore) sits between it and the consumer
         self._direct = _submit_anywhere(consumer) and getattr(dispatch, "__name__", "") == (
@@ -480,6 +488,7 @@ class Gate:
                 **lock_kwargs(entry.plan),
             )
         except SemaphoreError as exc:
+            self._failed_at = clock.monotonic()
             # Fail closed: keep holding (a held task never runs without a permit), try again
             # at the next tick.  A task Redis fails for on arrival goes to its slot instead,
             # where the wrapper parks it, so a Redis outage does not fill the consumer.
@@ -692,11 +701,20 @@ class Gate:
         next_tick = clock.monotonic() + TICK
         client: Any = None
         while not self._stop.is_set():
+            items: list[str] = []
             try:
                 if client is None:
                     client = self._client()
                 wait = max(0.05, min(TICK, next_tick - clock.monotonic()))
-                for item in self._take_wakes(client, wait):
+                items = self._take_wakes(client, wait)
+            except Exception as exc:
+                # Redis failing: no wake-ups, but the tick still runs (revoked tasks go, those
+                # past max_wait time out, those held too long park), without Redis calls
+                self._carry_on(exc)
+                client = None
+                self._stop.wait(0.5)
+            try:
+                for item in items:
                     handoff = _HANDOFF.fullmatch(item)
                     if handoff is not None:
                         fence, expiry_ms, ticket = handoff.groups()
@@ -707,15 +725,14 @@ class Gate:
                     self._tick()
                     next_tick = clock.monotonic() + TICK
             except Exception as exc:  # never let the gate die: held tasks depend on it
-                log.warning(
-                    "gate: %s: %s; carrying on",
-                    type(exc).__name__,
-                    exc,
-                    semaphore=None,
-                    task_id=None,
-                )
-                client = None
+                self._carry_on(exc)
                 self._stop.wait(0.5)
+
+    def _carry_on(self, exc: Exception) -> None:
+        self._failed_at = clock.monotonic()
+        log.warning(
+            "gate: %s: %s; carrying on", type(exc).__name__, exc, semaphore=None, task_id=None
+        )
 
     def _take_arrivals(self) -> None:
         """The arrivals thread: the first attempt of every request received, in order; and,
@@ -819,21 +836,39 @@ class Gate:
         with self._lock:
             held = [e for e in self._held.values() if not e.busy]
             pending = list(self._pending.values())
-        for entry in held:
-            self._maintain(entry, now)
+        # While Redis fails (a call failed since the last tick ended), a tick makes no Redis
+        # calls: each would wait out its retries, and the tick's local decisions with them.
+        # The next tick starts after the entry whose call failed, so one that always fails
+        # (its Redis Cluster node is down) does not keep those behind it from their turn.
+        for entry in _after(held, self._failed_on):
+            redis_ok = self._redis_ok()
+            self._maintain(entry, now, redis_ok)
+            if redis_ok and not self._redis_ok():
+                self._failed_on = entry.ticket
         for entry in pending:
-            self._maintain_pending(entry, now)
+            if self._redis_ok():
+                self._maintain_pending(entry, now)
+        self._tick_ended = clock.monotonic()
 
-    def _maintain(self, entry: _Entry, now: float) -> None:
+    def _redis_ok(self) -> bool:
+        return self._failed_at < self._tick_ended
+
+    def _maintain(self, entry: _Entry, now: float, redis_ok: bool) -> None:
         req = entry.req
         waited = time.time() - (entry.state.first_wait or time.time())
         max_wait = entry.opts.max_wait
         if req.id in _revoked() or (req.expires and _expired(req)):
-            self._leave(entry, None, "revoked")
+            self._leave(entry, None, "revoked", withdraw=redis_ok)
         elif max_wait is not None and waited >= max_wait:
-            self._leave(entry, self._directive(entry, "timeout", w=waited), "timed out")
+            directive = self._directive(entry, "timeout", w=waited)
+            self._leave(entry, directive, "timed out", withdraw=redis_ok)
         elif now - entry.since >= self._max_hold():
-            self._leave(entry, self._directive(entry, "park"), "held too long")
+            if redis_ok:
+                self._park_held(entry, now)
+            elif now - entry.since >= PARK_ANYWAY * self._max_hold():
+                self._leave(entry, self._directive(entry, "park"), "held too long")
+        elif not redis_ok:
+            return
         elif now - entry.refreshed >= entry.place_ttl / 3 or not (entry.counted and entry.tried):
             # keep the place alive (and claim units whose wake-up was lost); an uncounted
             # entry (over semaphore_worker_hold, or Redis failed), or one whose first attempt
@@ -844,9 +879,35 @@ class Gate:
                 entry.busy = True
             self._attempt(entry)
 
-    def _leave(self, entry: _Entry, directive: dict[str, Any] | None, why: str) -> None:
+    def _park_held(self, entry: _Entry, now: float) -> None:
+        """Held too long: send it to the pool to park (keeping its place in line).
+
+        First one more try, with a plain wake-up address in place of the handoff one.  From
+        then on a release only names this ticket (the wrapper that parks it claims the units)
+        and never grants it by handoff: such a grant, made under the gate's claim while the
+        park waits for a pool slot, would be taken by nobody, and the wrapper, finding the
+        ticket held under another claim, would drop the task as a duplicate.  A handoff made
+        before this try is found by it: the task then runs with that grant.  While Redis fails
+        (or the state is in quarantine) it stays held, tried again at the next tick, up to
+        :data:`PARK_ANYWAY` times the longest hold: then it parks regardless (its wrapper parks
+        on the countdown alone), before the broker would deliver the message again."""
+        with self._lock:
+            if entry.busy or self._held.get(entry.ticket) is not entry:
+                return
+            entry.busy = True
+        entry.wake_data = "@" + self.key
+        asked = entry.refreshed  # set again only when Redis answers
+        self._attempt(entry)
+        answered = entry.refreshed != asked and not quarantined(entry.sem)
+        if answered or now - entry.since >= PARK_ANYWAY * self._max_hold():
+            self._leave(entry, self._directive(entry, "park"), "held too long")
+
+    def _leave(
+        self, entry: _Entry, directive: dict[str, Any] | None, why: str, withdraw: bool = True
+    ) -> None:
         """Stop holding ``entry``: drop it (revoked) or send it to the pool with a directive
-        (``timeout``: fail with SemaphoreTimeout; ``park``: re-publish with a countdown)."""
+        (``timeout``: fail with SemaphoreTimeout; ``park``: re-publish with a countdown).
+        ``withdraw=False`` (Redis failing): a place it gives up is left to expire."""
         with self._lock:
             if entry.busy or self._held.get(entry.ticket) is not entry:
                 return
@@ -856,12 +917,13 @@ class Gate:
                 entry.counted = False
                 self._counted -= 1
                 self.consumer.qos.decrement_eventually()
-        if directive is None or directive["do"] == "timeout":
+        if (directive is None or directive["do"] == "timeout") and withdraw:
             entry.withdrawn = True
             try:
                 if not entry.sem.withdraw(entry.ticket):
                     self._give_back_handoff(entry)  # a release may have granted it meanwhile
             except SemaphoreError as exc:
+                self._failed_at = clock.monotonic()
                 log_wait.warning(
                     "withdraw failed: %s", exc, semaphore=entry.sem.name, task_id=entry.req.id
                 )
@@ -895,6 +957,7 @@ class Gate:
             try:
                 entry.sem.refresh_token(entry.ticket, holder_only=True)
             except SemaphoreError as exc:
+                self._failed_at = clock.monotonic()
                 log.warning(
                     "refresh of a pending grant failed: %s",
                     exc,
@@ -915,6 +978,15 @@ class Gate:
 
 #: a handoff on a wake list (see runtime._Redispatcher.handoff)
 _HANDOFF = re.compile(r"\+(\d+) (\d+) (.+)", re.DOTALL)
+
+
+def _after(entries: list[_Entry], ticket: str | None) -> list[_Entry]:
+    """``entries`` starting after the one holding ``ticket`` (all of them, in order, when
+    none does)."""
+    for i, entry in enumerate(entries):
+        if entry.ticket == ticket:
+            return entries[i + 1 :] + entries[: i + 1]
+    return entries
 
 
 def _submit_anywhere(consumer: Any) -> bool:

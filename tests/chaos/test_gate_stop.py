@@ -12,9 +12,7 @@ does, to check that a late hand-over does nothing).
 
 from __future__ import annotations
 
-import uuid
-from collections.abc import Callable, Iterator
-from types import SimpleNamespace
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -25,54 +23,17 @@ from celery_semaphore import limited
 from celery_semaphore.gate import Gate
 from celery_semaphore.runtime import semaphore_for
 from celery_semaphore.testing import RedisServer
-from tests.conftest import delete_prefix
 from tests.integration.workers import wait_until
+
+from .gate_stubs import Request, StoppedConsumer, gate_app
 
 pytestmark = [pytest.mark.chaos, pytest.mark.timeout(60)]
 
 
-class StoppedConsumer:
-    """What the gate uses of Celery's consumer, with a hub that no longer runs callbacks."""
-
-    def __init__(self, app: Celery) -> None:
-        self.app = app
-        self.hostname = f"stub-{uuid.uuid4().hex[:6]}@localhost"
-        self.pool = None
-        self.qos = SimpleNamespace(
-            increment_eventually=lambda: None, decrement_eventually=lambda: None
-        )
-        self.soon: list[tuple[Callable[..., Any], tuple[Any, ...]]] = []
-
-    def call_soon(self, fn: Callable[..., Any], *args: Any) -> None:
-        self.soon.append((fn, args))
-
-
-class Request:
-    """The parts of celery.worker.request.Request the gate reads."""
-
-    def __init__(self, task: Any) -> None:
-        self.task, self.name, self.id = task, task.name, str(uuid.uuid4())
-        self.request_dict: dict[str, Any] = {"retries": 0}
-        self.args: list[Any] = []
-        self.kwargs: dict[str, Any] = {}
-        self.delivery_info: dict[str, Any] = {}
-        self.expires = None
-        self.time_start = None
-
-    def revoked(self) -> bool:
-        return False
-
-
 @pytest.fixture
 def app(redis_server: RedisServer) -> Iterator[Celery]:
-    prefix = f"cstest-{uuid.uuid4().hex[:10]}"
-    url = redis_server.url(0)
-    a = Celery("gate-stop", broker=url, backend=url, set_as_current=False)
-    a.conf.update(semaphore_redis_url=url, semaphore_key_prefix=prefix)
-    yield a
-    client = redis_server.client(0)
-    delete_prefix(client, prefix)
-    client.close()
+    with gate_app(redis_server, "gate-stop") as a:
+        yield a
 
 
 def test_a_grant_not_handed_over_before_stop_is_released(app: Celery) -> None:
