@@ -248,12 +248,13 @@ def test_while_redis_fails_a_task_held_far_too_long_parks_anyway(
 
 
 def test_while_redis_fails_a_held_task_past_max_wait_times_out(
-    redis_server: RedisServer, proxy: Proxy
+    redis_server: RedisServer, proxy: Proxy, gate_log: LogRecords
 ) -> None:
-    with staged(redis_server, proxy.url(0), max_wait=1.0) as scene:
+    with staged(redis_server, proxy.url(0), max_wait=2.0) as scene:
         scene.hold_the_task()
         proxy.set_mode("refuse")
         assert scene.pool_takes_work() == ["timeout"]
+        assert gate_log.count(CARRYING_ON) > 0  # it timed out while Redis was refused
         proxy.set_mode("pass")
 
 
