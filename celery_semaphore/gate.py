@@ -863,10 +863,7 @@ class Gate:
             directive = self._directive(entry, "timeout", w=waited)
             self._leave(entry, directive, "timed out", withdraw=redis_ok)
         elif now - entry.since >= self._max_hold():
-            if redis_ok:
-                self._park_held(entry, now)
-            elif now - entry.since >= PARK_ANYWAY * self._max_hold():
-                self._leave(entry, self._directive(entry, "park"), "held too long")
+            self._park_held(entry, now, redis_ok)
         elif not redis_ok:
             return
         elif now - entry.refreshed >= entry.place_ttl / 3 or not (entry.counted and entry.tried):
@@ -879,7 +876,7 @@ class Gate:
                 entry.busy = True
             self._attempt(entry)
 
-    def _park_held(self, entry: _Entry, now: float) -> None:
+    def _park_held(self, entry: _Entry, now: float, redis_ok: bool) -> None:
         """Held too long: send it to the pool to park (keeping its place in line).
 
         First one more try, with a plain wake-up address in place of the handoff one.  From
@@ -891,14 +888,16 @@ class Gate:
         (or the state is in quarantine) it stays held, tried again at the next tick, up to
         :data:`PARK_ANYWAY` times the longest hold: then it parks regardless (its wrapper parks
         on the countdown alone), before the broker would deliver the message again."""
-        with self._lock:
-            if entry.busy or self._held.get(entry.ticket) is not entry:
-                return
-            entry.busy = True
-        entry.wake_data = "@" + self.key
-        asked = entry.refreshed  # set again only when Redis answers
-        self._attempt(entry)
-        answered = entry.refreshed != asked and not quarantined(entry.sem)
+        answered = False
+        if redis_ok:
+            with self._lock:
+                if entry.busy or self._held.get(entry.ticket) is not entry:
+                    return
+                entry.busy = True
+            entry.wake_data = "@" + self.key
+            asked = entry.refreshed  # set again only when Redis answers
+            self._attempt(entry)
+            answered = entry.refreshed != asked and not quarantined(entry.sem)
         if answered or now - entry.since >= PARK_ANYWAY * self._max_hold():
             self._leave(entry, self._directive(entry, "park"), "held too long")
 
