@@ -37,8 +37,6 @@ event loop on a non-green pool), the task body's wrapper acquires by itself (see
 from __future__ import annotations
 
 import os
-import re
-import socket
 import threading
 import time
 import uuid
@@ -51,17 +49,20 @@ from celery import bootsteps
 from celery.exceptions import WorkerLostError
 from redis.exceptions import ResponseError
 
-from . import children, clock, config, events, logs, queues, targets
+from . import children, clock, config, events, logs, queues, targets, wakes
 from .exceptions import SemaphoreError
 from .keys import node_wake_key
 from .locks import Lock, grant_of, lock_kwargs
 from .runtime import (
+    CLAIM_KEY,
     GATE_HEADER,
     HEADER,
     QUEUE_KEY,
     WaitState,
+    copy_of_execution,
     emit_waited,
     gate_nonce,
+    host_owner,
     lock_for,
     lock_names,
     lost_at_fence,
@@ -69,6 +70,7 @@ from .runtime import (
     push_to_gate,
     quarantined,
     register_gate,
+    stamped_claim,
     unregister_gate,
 )
 from .semaphore import HANDOFF_MARK, AttemptStatus, Semaphore
@@ -100,8 +102,9 @@ WAKE_BATCH = 64
 #: seconds between two looks at the pool children running gated bodies (prefork, Linux)
 REAP_EVERY = 0.2
 #: seconds the gate remembers a held task that left without a grant, in case a handoff for it
-#: was already on its way (then given back)
-LEFT_TTL = 60.0
+#: was already on its way: given back when the task was withdrawn, left to the pool copy that
+#: carries the same claim when its place was handed over (slot, park)
+LEFT_TTL = 2 * MAX_HOLD
 
 
 @dataclass(eq=False)
@@ -145,6 +148,9 @@ class _Entry:
     cancelled: bool = False
     #: it left the gate and its place was withdrawn
     withdrawn: bool = False
+    #: it left the gate for the pool with its place and its claim (slot, park): a handoff to
+    #: that place is the pool copy's, never given back by the gate
+    handed_over: bool = False
 
 
 class Gate:
@@ -275,7 +281,7 @@ class Gate:
         req.request_dict.pop(GATE_HEADER, None)
         if spec is None or not config.setting(self.app.conf, "semaphore_enabled", True):
             return self._dispatch_to_pool(req)
-        stamp_queue(req, self.app, self.consumer)
+        stamp_delivery(req, self.app, self.consumer)
         try:
             entry = self._entry(req, spec)
         except (SemaphoreError, ValueError, TypeError) as exc:
@@ -335,21 +341,17 @@ class Gate:
             takeover=state.takeover or redelivered,
             partition=plan.partition,
         )
-        owner = {
-            "task_id": req.id,
-            "task": req.name,
-            "host": self.consumer.hostname,
-            "pid": self.pid,
-            "machine": socket.gethostname(),
-        }
         ticket = f"{req.id}:{retries}"
-        # one claim per delivery: a copy of the same execution never gets this one's grant
-        claim = uuid.uuid4().hex
+        # one claim per delivery, stamped on the request: the gate's calls, the body's in the
+        # pool and a release for a dead child all carry it; another delivery of the same
+        # ticket never gets this one's grant
+        claim = stamped_claim(req) or uuid.uuid4().hex
+        owner = {**host_owner(req.id, req.name, self.consumer.hostname), "claim": claim}
         if isinstance(sem, Semaphore):
             # takes handoffs (see Semaphore(on_handoff=...)): granted under its owner's claim
             wake_data = "@" + self.handoff_key
             # its own lease: the releasing task's may be shorter than this one's heartbeat
-            owner.update(claim=claim, lease_ms=round(opts.lease_ttl * 1000))
+            owner.update(lease_ms=round(opts.lease_ttl * 1000))
         else:  # a group's units are granted together, by its own scripts
             wake_data = "@" + self.key
         entry = _Entry(req, spec, plan, sem, opts, ticket, claim, wake_data, state, owner)
@@ -397,7 +399,9 @@ class Gate:
             return
 
     def _settle(self, entry: _Entry, status: str) -> None:
-        """(Under the lock) ``entry`` stops waiting: it goes to the pool."""
+        """(Under the lock) ``entry`` stops waiting: it goes to the pool, with its grant
+        (``granted``) or with its place and claim (``slot``: the body acquires under the same
+        claim, so a grant a release hands off to the place meanwhile is the body's)."""
         self._held.pop(entry.ticket, None)
         if entry.counted:
             entry.counted = False
@@ -405,35 +409,36 @@ class Gate:
             self.consumer.qos.decrement_eventually()
         if status == "granted":
             self._pending[entry.ticket] = entry
+        else:
+            entry.handed_over = True
+            self._note_left(entry)
 
-    def handed(self, ticket: str, fence: int, expires_at: float) -> None:
-        """A release granted ``ticket`` its units by handoff (see ``Semaphore(on_handoff=...)``):
-        hand the request to the pool with that grant, no further round trip.  Called by a
-        releaser of this process, or by the gate thread for handoffs that came through Redis."""
+    def handed(self, ticket: str, fence: int, expires_at: float, claim: str) -> None:
+        """A release granted ``ticket`` its units by handoff, under ``claim`` (see
+        ``Semaphore(on_handoff=...)``): hand the request to the pool with that grant, no
+        further round trip.  Called by a releaser of this process, or by the gate thread for
+        handoffs that came through Redis.  Only a grant under the claim of the delivery this
+        gate holds (or held) for ``ticket`` counts; any other is not this gate's to act on."""
         with self._lock:
             entry = self._held.get(ticket)
+            left = None
+            if entry is not None and entry.claim != claim:
+                entry = None  # not this delivery's grant: looked up among those that left
             if entry is not None and self._stop.is_set():
                 return  # stop() withdraws its place: finding it granted, gives it back
             if entry is None:
-                if ticket in self._pending:
+                pending = self._pending.get(ticket)
+                if pending is not None and pending.claim == claim:
                     return  # its own attempt found the same grant first
-                left = self._left.get(ticket)
+                found = self._left.get(ticket)
+                left = found[0] if found is not None and found[0].claim == claim else None
             elif entry.busy:
                 entry.again = True  # the attempt under way tries again: it finds the grant
                 return
             else:
                 entry.busy = True
         if entry is None:
-            if left is not None:
-                self._give_back_handoff(left[0])
-            else:
-                log.warning(
-                    "a handoff for ticket %s, which this gate does not hold; its permit comes "
-                    "back when its lease expires",
-                    ticket,
-                    semaphore=None,
-                    task_id=ticket.rpartition(":")[0],
-                )
+            self._handed_elsewhere(ticket, left)
             return
         entry.tried = True
         entry.refreshed = clock.monotonic()
@@ -449,6 +454,29 @@ class Gate:
             entry.again = False
             self._settle(entry, "granted")
         self._hand_over(entry, "granted")
+
+    def _handed_elsewhere(self, ticket: str, left: _Entry | None) -> None:
+        """A handoff for ``ticket`` that no held delivery here takes: ``left`` is the delivery
+        it was made for, which left this gate (None: none with that claim)."""
+        if left is not None and left.handed_over and not left.cancelled:
+            # its place and claim went to the pool (slot, park): the body acquires under the
+            # same claim and finds this grant its own; giving it back could free a running body
+            log.debug(
+                "a handoff for ticket %s, whose place went to the pool with its claim",
+                ticket,
+                semaphore=left.sem.name,
+                task_id=left.req.id,
+            )
+        elif left is not None:
+            self._give_back_handoff(left)  # withdrawn (revoked, timed out, stopped)
+        else:
+            log.warning(
+                "a handoff for ticket %s under a claim of no delivery this gate holds; its "
+                "permit, if any, comes back when its lease expires",
+                ticket,
+                semaphore=None,
+                task_id=ticket.rpartition(":")[0],
+            )
 
     def _give_back_handoff(self, entry: _Entry) -> None:
         """Give back a grant a handoff may have made to ``entry`` (no longer held here); it is
@@ -482,8 +510,8 @@ class Gate:
                 wake_data=entry.wake_data,
                 wake_grace=WAKE_GRACE,
                 epoch=state.epoch,
-                # always: a copy of this execution may have run already (see runtime._common)
-                check_done=True,
+                # a copy of an execution may have run already; a first delivery is a new request
+                check_done=copy_of_execution(state),
                 lease_ttl=entry.opts.lease_ttl,
                 **lock_kwargs(entry.plan),
             )
@@ -715,12 +743,11 @@ class Gate:
                 self._stop.wait(0.5)
             try:
                 for item in items:
-                    handoff = _HANDOFF.fullmatch(item)
-                    if handoff is not None:
-                        fence, expiry_ms, ticket = handoff.groups()
-                        self.handed(ticket, int(fence), int(expiry_ms) / 1000)
-                    else:
-                        self.wake(item)
+                    found = wakes.parse(item)
+                    if isinstance(found, wakes.Handoff):
+                        self.handed(found.ticket, found.fence, found.expires_at, found.claim)
+                    elif isinstance(found, wakes.Wake):
+                        self.wake(found.ticket)
                 if clock.monotonic() >= next_tick:
                     self._tick()
                     next_tick = clock.monotonic() + TICK
@@ -880,11 +907,10 @@ class Gate:
         """Held too long: send it to the pool to park (keeping its place in line).
 
         First one more try, with a plain wake-up address in place of the handoff one.  From
-        then on a release only names this ticket (the wrapper that parks it claims the units)
-        and never grants it by handoff: such a grant, made under the gate's claim while the
-        park waits for a pool slot, would be taken by nobody, and the wrapper, finding the
-        ticket held under another claim, would drop the task as a duplicate.  A handoff made
-        before this try is found by it: the task then runs with that grant.  While Redis fails
+        then on a release only names this ticket (the wrapper that parks it claims the units).
+        A handoff made before this try is found by it: the task then runs with that grant.
+        One made later (Redis failed at this try) is the wrapper's own: it parks under this
+        delivery's claim, which the gate hands over with the place.  While Redis fails
         (or the state is in quarantine) it stays held, tried again at the next tick, up to
         :data:`PARK_ANYWAY` times the longest hold: then it parks regardless (its wrapper parks
         on the countdown alone), before the broker would deliver the message again."""
@@ -911,6 +937,7 @@ class Gate:
             if entry.busy or self._held.get(entry.ticket) is not entry:
                 return
             del self._held[entry.ticket]
+            entry.handed_over = directive is not None and directive["do"] == "park"
             self._note_left(entry)
             if entry.counted:
                 entry.counted = False
@@ -954,7 +981,7 @@ class Gate:
         if now - entry.granted_at >= entry.opts.heartbeat_interval:
             entry.granted_at = now
             try:
-                entry.sem.refresh_token(entry.ticket, holder_only=True)
+                entry.sem.refresh_token(entry.ticket, holder_only=True, claim=entry.claim)
             except SemaphoreError as exc:
                 self._failed_at = clock.monotonic()
                 log.warning(
@@ -973,10 +1000,6 @@ class Gate:
         """Tickets held right now (for tests and inspection)."""
         with self._lock:
             return list(self._held)
-
-
-#: a handoff on a wake list (see runtime._Redispatcher.handoff)
-_HANDOFF = re.compile(r"\+(\d+) (\d+) (.+)", re.DOTALL)
 
 
 def _after(entries: list[_Entry], ticket: str | None) -> list[_Entry]:
@@ -1016,9 +1039,12 @@ def _expired(req: Any) -> bool:
     return bool(expires is not None and expires <= datetime.now(timezone.utc))
 
 
-def stamp_queue(req: Any, app: Any, consumer: Any) -> None:
-    """Tell the body which queue ``req`` was delivered from (see :data:`QUEUE_KEY`): only the
-    consumer can map the message's AMQP consumer tag to its queue."""
+def stamp_delivery(req: Any, app: Any, consumer: Any) -> None:
+    """Stamp a limited request as this delivery's: its claim (see :data:`CLAIM_KEY`), over
+    anything the message brought, and the queue it was delivered from (see
+    :data:`QUEUE_KEY`: only the consumer can map the message's AMQP consumer tag to its
+    queue)."""
+    req.request_dict[CLAIM_KEY] = {"n": gate_nonce(), "c": uuid.uuid4().hex}
     message = getattr(req, "message", None)
     info = getattr(message, "delivery_info", None) or req.delivery_info
     req.request_dict[QUEUE_KEY] = queues.delivery_queue(app, info, consumer) or ""
@@ -1039,9 +1065,10 @@ class _QueueStamp:
         if name not in self.limited:
             self.limited[name] = spec_of(req.task) is not None
         if self.limited[name]:
-            stamp_queue(req, self.consumer.app, self.consumer)
+            stamp_delivery(req, self.consumer.app, self.consumer)
         else:
             req.request_dict.pop(QUEUE_KEY, None)
+            req.request_dict.pop(CLAIM_KEY, None)
         return self.dispatch(req)
 
 

@@ -78,7 +78,9 @@ class GroupPermit(Permit):
         """Extend every member's lease; False (and ``lost``) when any is no longer held."""
         if self._released:
             return False
-        expiry = self.group.refresh_token(self.token, lease_ttl=lease_ttl, holder_only=True)
+        expiry = self.group.refresh_token(
+            self.token, lease_ttl=lease_ttl, holder_only=True, claim=self.claim
+        )
         if expiry is None:
             self.lost = True
             return False
@@ -365,10 +367,11 @@ class SemaphoreGroup:
         lease_ttl: float | None = None,
         place_ttl: float | None = None,
         holder_only: bool = False,
+        claim: str = "",
     ) -> float | None:
         """Extend the leases (or places) of ``token`` in every member.  Returns the new expiry
         in server epoch seconds, or None when it does not hold (with ``holder_only``) or wait
-        in every member."""
+        in every member; with ``claim``, also when a member holds it under another claim."""
         lease = _validate.optional_positive_seconds("lease_ttl", lease_ttl)
         place = _validate.optional_positive_seconds("place_ttl", place_ttl)
         default = min(sem.lease_ttl for sem in self._sems)
@@ -376,10 +379,10 @@ class SemaphoreGroup:
         numbers = (
             f"r {first._ms(lease or default)} {first._ms(place or default)} 1000 {self._aging_ms()}"
         )
-        reply = self._run("group_refresh", [token, numbers, self._limits()])
+        reply = self._run("group_refresh", [token, numbers, self._limits(), claim])
         self._wake(reply[2:])
         status = int(reply[0])
-        if status == 0 or (holder_only and status != 1):
+        if status in (0, 3) or (holder_only and status != 1):
             return None
         return int(reply[1]) / 1000
 

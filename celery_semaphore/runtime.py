@@ -1,5 +1,13 @@
 """What happens when a limited task runs: acquire, wait or park, hold, release.
 
+**The invariant: one claim per delivery.**  Every Redis operation made on behalf of a task
+delivery (acquire, refresh, release, withdraw, give-back, the release for a dead process)
+carries that delivery's claim, and a script refuses to act on a grant held under another
+claim.  The worker's consumer stamps each delivery of a limited task with its claim
+(:data:`CLAIM_KEY`, see :func:`delivery_claim`); the gate, the body's wrapper in the pool and
+the parent's release for a dead child all use that one.  Places in line belong to the
+execution (the ticket): a place handed on to another delivery goes with its claim.
+
 Both public forms, :func:`~celery_semaphore.limited` and
 :class:`~celery_semaphore.LimitedTask`, end up in :func:`run_limited`, which wraps the task body
 (``call``) in a ``try/finally``.  That is the one place that sees every exit of the body
@@ -43,7 +51,7 @@ from typing import Any, NoReturn, TypeVar
 
 from kombu.utils import json as kombu_json
 
-from . import clock, config, connection, events, logs, queues, restart, targets, worker_hooks
+from . import clock, config, connection, events, logs, queues, restart, targets, wakes, worker_hooks
 from .exceptions import LeaseLost, SemaphoreBackendError, SemaphoreError, SemaphoreTimeout
 from .heartbeat import heartbeat
 from .locks import GroupLock, Lock, adopt, lock_kwargs, member_permits
@@ -51,6 +59,7 @@ from .semaphore import Attempt, AttemptStatus, Permit, Semaphore
 from .spec import LimitSpec
 
 __all__ = [
+    "CLAIM_KEY",
     "GATE_HEADER",
     "HEADER",
     "QUEUE_KEY",
@@ -58,6 +67,8 @@ __all__ = [
     "checkpoint",
     "client_for",
     "current_permits",
+    "delivery_claim",
+    "host_owner",
     "gate_nonce",
     "handled_here",
     "lock_for",
@@ -77,6 +88,11 @@ QUEUE_KEY = "semaphore_queue"
 #: the request key in which the worker-side gate hands its grant to the body (never a message
 #: header: the gate strips it from incoming messages)
 GATE_HEADER = "semaphore_gate"
+#: the request key in which the worker's consumer gives each delivery of a limited task its
+#: claim (``{"n": <worker nonce>, "c": <claim>}``): every Redis call made for that delivery,
+#: in the pool or in the consumer, carries it; never a message header (the consumer stamps
+#: it on every limited request, over anything a message brought)
+CLAIM_KEY = "semaphore_claim"
 #: seconds a parked waiter's place outlives its countdown, to cover broker delivery delays
 PLACE_SLACK = 30.0
 #: a parked waiter is re-woken (another copy published) at most this often
@@ -287,7 +303,7 @@ class _Redispatcher:
             if gate is not None and gate.pid == os.getpid():
                 gate.wake(ticket)
                 return
-            push_to_gate(self.app, key, ticket)
+            push_to_gate(self.app, key, wakes.wake_item(ticket))
             return
         from celery.canvas import Signature
 
@@ -300,16 +316,17 @@ class _Redispatcher:
             task_id=ticket.rpartition(":")[0],
         )
 
-    def handoff(self, ticket: str, data: str, fence: int, expires_at: float) -> None:
-        """A release granted ``ticket`` its units (see ``Semaphore(on_handoff=...)``): only a
-        gate's held tasks take handoffs (wake data ``@<key>#handoff``); hand the grant to
-        that gate, directly or through its wake list (as ``+<fence> <expiry ms> <ticket>``)."""
+    def handoff(self, ticket: str, data: str, fence: int, expires_at: float, claim: str) -> None:
+        """A release granted ``ticket`` its units under ``claim`` (see
+        ``Semaphore(on_handoff=...)``): only a gate's held tasks take handoffs (wake data
+        ``@<key>#handoff``); hand the grant to that gate, directly or through its wake list
+        (see :mod:`.wakes`)."""
         key = data[1:]
         gate = _gates.get(key)
         if gate is not None and gate.pid == os.getpid():
-            gate.handed(ticket, fence, expires_at)
+            gate.handed(ticket, fence, expires_at, claim)
             return
-        push_to_gate(self.app, key, f"+{fence} {round(expires_at * 1000)} {ticket}")
+        push_to_gate(self.app, key, wakes.handoff_item(ticket, fence, expires_at, claim))
 
 
 def push_to_gate(app: Any, key: str, item: str) -> None:
@@ -413,18 +430,53 @@ def run_limited(
                     target.weight,
                     str(request.hostname or ""),
                 )
-    owner = {
-        "task_id": request.id,
-        "task": task.name,
-        "host": request.hostname or "",
-        "pid": os.getpid(),
-        "machine": socket.gethostname(),
-    }
+    owner = host_owner(request.id, task.name, str(request.hostname or ""))
     if directive is not None:
         return _run_gated(task, sem, weights, opts, owner, directive, call, fair, plan.partition)
     if request.called_directly or request.is_eager or not request.id:
         return _run_blocking(task, sem, opts, owner, call, fair, plan.partition)
     return _acquire_and_run(task, sem, opts, owner, call, fair, plan.partition)
+
+
+def host_owner(task_id: str | None, task: str, host: str) -> dict[str, Any]:
+    """The owner metadata of a permit or place: the task, and where it runs (the machine and
+    its PID namespace, so a process is judged dead only by a host that can see it)."""
+    return {
+        "task_id": task_id,
+        "task": task,
+        "host": host,
+        "pid": os.getpid(),
+        "machine": socket.gethostname(),
+        "pidns": _pid_namespace(),
+    }
+
+
+def _pid_namespace() -> str:
+    """This process's PID namespace ('pid:[4026531836]'), '' where /proc does not say."""
+    try:
+        return os.readlink("/proc/self/ns/pid")
+    except OSError:
+        return ""
+
+
+def delivery_claim(request: Any) -> str:
+    """The claim of the delivery ``request`` belongs to: the one the consumer stamped, else
+    (outside a worker: eager, direct calls) a new one."""
+    return stamped_claim(request) or uuid.uuid4().hex
+
+
+def stamped_claim(request: Any) -> str | None:
+    """The claim this worker's consumer stamped on ``request`` (a task's request context, or
+    the worker's ``Request``; see :data:`CLAIM_KEY`), or None: not stamped, or stamped by
+    another worker (a message may carry anything)."""
+    raw = getattr(request, CLAIM_KEY, None)
+    if raw is None:
+        raw = (getattr(request, "request_dict", None) or {}).get(CLAIM_KEY)
+    if isinstance(raw, Mapping) and _nonce is not None and raw.get("n") == _nonce:
+        claim = raw.get("c")
+        if isinstance(claim, str) and claim:
+            return claim
+    return None
 
 
 def _plan(
@@ -489,14 +541,16 @@ def _run_gated(
     if do == "timeout":
         waited = float(directive.get("w", 0.0))
         raise _timeout(task, sem, waited, opts.max_wait or 0.0)
-    # "park": held too long for the broker; re-publish with a countdown, keep the place
+    # "park": held too long for the broker; re-publish with a countdown, keep the place.  The
+    # gate handed this delivery's place over with its claim: a grant a release handed off to
+    # it meanwhile is found here as its own.
     first = state.first_wait if state.first_wait is not None else time.time()
     state = WaitState(state.epoch, state.waits, first, state.takeover, partition)
-    common = _common(owner, uuid.uuid4().hex, state, opts, fair)
+    common = _common(owner, str(directive["c"]), state, opts, fair)
     attempt = _park(task, sem, state, opts, ticket, common, registered=True)
     if attempt.permit is not None:
         return _hold(task, sem, attempt.permit, opts, state, call, partition=partition)
-    return _drop_duplicate(task, sem, attempt)
+    return _drop_duplicate(task, sem, attempt, state)
 
 
 def _common(
@@ -506,19 +560,24 @@ def _common(
     opts: config.ResolvedOptions,
     fair: dict[str, Any],
 ) -> dict[str, Any]:
-    """The try_acquire arguments every attempt of one execution shares."""
+    """The try_acquire arguments every attempt of one delivery shares."""
     return {
         **fair,
-        "owner": owner,
+        # the claim in the owner too: a release for a dead process names the claim it held
+        "owner": None if owner is None else {**owner, "claim": claim},
         "claim": claim,
         "epoch": state.epoch,
-        # Always, even for a first delivery: when Redis fails, the gate keeps holding the
-        # original while a copy parks and may run first (seen in the chaos tests); a ticket
-        # that ran already must then be dropped, not run twice.  (Costs the acquire script
-        # one or two ZSCOREs.)
-        "check_done": True,
+        "check_done": copy_of_execution(state),
         "lease_ttl": opts.lease_ttl,
     }
+
+
+def copy_of_execution(state: WaitState) -> bool:
+    """Is this delivery a copy of an execution that may have run already (a parked or woken
+    copy, a redelivery)?  Only such a copy is dropped when it finds its ticket done (a
+    tombstone).  A first delivery is a new request, even with a task id used before (an id
+    reused for a later send, ``report-user-42``, runs again)."""
+    return state.epoch > 0 or state.takeover
 
 
 def _run_blocking(
@@ -587,9 +646,10 @@ def _acquire_and_run(
         )
     state = WaitState(state.epoch, state.waits, state.first_wait, state.takeover, partition)
     ticket = f"{request.id}:{request.retries or 0}"
-    # One claim per execution: a grant is only ever returned again to this execution (a call
-    # re-sent by redis-py), never to another delivery of the same message.
-    common = _common(owner, uuid.uuid4().hex, state, opts, fair)
+    # One claim per delivery (stamped by the consumer): a grant is only ever returned again to
+    # this delivery (a call re-sent by redis-py, or the gate's handoff to a place it handed
+    # over), never to another delivery of the same message.
+    common = _common(owner, delivery_claim(request), state, opts, fair)
     try:
         quarantine_guard(sem)
         attempt = sem.try_acquire(ticket, place_ttl=opts.wait_timeout + PLACE_SLACK, **common)
@@ -645,7 +705,7 @@ def _acquire_and_run(
         attempt = _park(task, sem, state, opts, ticket, common, registered=True)
         if attempt.permit is not None:
             return _hold(task, sem, attempt.permit, opts, state, call, partition=partition)
-    return _drop_duplicate(task, sem, attempt)
+    return _drop_duplicate(task, sem, attempt, state)
 
 
 def _members(lock: Lock) -> list[Semaphore]:
@@ -695,10 +755,19 @@ def _check_grant(lock: Lock, attempt: Attempt, ticket: str, claim: str) -> None:
 
 
 def _reclaim_from_dead_process(sem: Lock, token: str) -> bool:
+    """Release ``token``'s permit when the process holding it ran where this one can see it
+    (same machine, same PID namespace) and is gone; under the claim that process held, so a
+    permit granted meanwhile to another delivery is never touched."""
     holder = next((h for h in sem.holders() if h.token == token), None)
-    if holder is None or holder.owner.get("machine") != socket.gethostname():
+    if holder is None:
         return False
-    pid = holder.owner.get("pid")
+    here = host_owner(None, "", "")
+    owner = holder.owner
+    if owner.get("machine") != here["machine"] or owner.get("pidns", "") != here["pidns"]:
+        return False  # another host, or a container that shares our hostname only
+    pid, claim = owner.get("pid"), owner.get("claim")
+    if not isinstance(claim, str) or not claim:
+        return False  # no claim to release under: its lease brings the permit back
     if not isinstance(pid, int) or pid == os.getpid() or _process_alive(pid):
         return False
     log_release.warning(
@@ -708,7 +777,8 @@ def _reclaim_from_dead_process(sem: Lock, token: str) -> bool:
         semaphore=sem.name,
         task_id=token.rpartition(":")[0],
     )
-    released = sem.release_token(token, tombstone_ttl=0)  # no tombstone: the redelivery runs
+    # no tombstone: the redelivery runs
+    released = sem.release_token(token, claim=claim, tombstone_ttl=0)
     if released:  # ops: events
         events.emit(
             "reclaimed", name=sem.name, count=1, reason="crashed", task_id=token.rpartition(":")[0]
@@ -726,16 +796,32 @@ def _process_alive(pid: int) -> bool:
     return True
 
 
-def _drop_duplicate(task: Any, sem: Lock, attempt: Attempt) -> NoReturn:
+def _drop_duplicate(task: Any, sem: Lock, attempt: Attempt, state: WaitState) -> NoReturn:
+    """Drop this delivery: another delivery of its ticket holds the permit (or, for a copy of
+    an execution, already ran it).  A copy of an execution (parked, woken, redelivered) is
+    dropped quietly; a first delivery only when a message with the same task id runs right
+    now (sending one id twice at once dedupes), and that is logged as a warning."""
     from celery.exceptions import Ignore
 
-    log_acquire.info(
-        "task %s: this copy is a duplicate (%s); dropped, the other copy runs (or ran) the task",
-        task.name,
-        attempt.status.name,
-        semaphore=sem.name,
-        task_id=task.request.id,
-    )
+    if copy_of_execution(state):
+        log_acquire.info(
+            "task %s: this copy is a duplicate (%s); dropped, the other copy runs (or ran) "
+            "the task",
+            task.name,
+            attempt.status.name,
+            semaphore=sem.name,
+            task_id=task.request.id,
+        )
+    else:
+        log_acquire.warning(
+            "task %s: another message with task id %s holds the permit right now (%s); this "
+            "one is dropped as a duplicate of it (a task id sent again later runs again)",
+            task.name,
+            task.request.id,
+            attempt.status.name,
+            semaphore=sem.name,
+            task_id=task.request.id,
+        )
     raise Ignore()
 
 

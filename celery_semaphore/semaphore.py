@@ -73,8 +73,8 @@ DEFAULT_POLL_INTERVAL = 1.0
 DEFAULT_AGING = 2.0
 
 WakeHandler = Callable[[str, str], None]
-#: ``on_handoff(ticket, data, fencing_token, lease_expires_at)``: see :class:`Semaphore`
-HandoffHandler = Callable[[str, str, int, float], None]
+#: ``on_handoff(ticket, data, fencing_token, lease_expires_at, claim)``: see :class:`Semaphore`
+HandoffHandler = Callable[[str, str, int, float, str], None]
 #: Wake data ending with this marks a parked waiter that takes *handoffs*: a release (by a
 #: Semaphore with ``on_handoff``) grants it the units it frees for it, under the claim its
 #: owner metadata names (``owner["claim"]``, a non-empty string; the same claim it waits
@@ -253,7 +253,9 @@ class Permit:
         """
         if self._released:
             return False
-        expiry = self.semaphore.refresh_token(self.token, lease_ttl=lease_ttl, holder_only=True)
+        expiry = self.semaphore.refresh_token(
+            self.token, lease_ttl=lease_ttl, holder_only=True, claim=self.claim
+        )
         if expiry is None:
             self.lost = True
             return False
@@ -313,10 +315,12 @@ class Semaphore:
         straight to the parked waiters that take handoffs (wake data ending with
         :data:`~celery_semaphore.semaphore.HANDOFF_MARK`, and ``owner["claim"]``: the claim
         of the grant; its lease is ``owner["lease_ms"]`` if that is a number of ms, else
-        ``lease_ttl``) and call ``on_handoff(ticket, data, fencing_token, lease_expires_at)``
-        for each (expiry in server epoch seconds), instead of ``on_wake``.  The receiver owns
-        that permit: it starts the work or releases it.  Without it, such waiters are named through
-        ``on_wake`` and claim their units with :meth:`try_acquire` like any other.
+        ``lease_ttl``) and call ``on_handoff(ticket, data, fencing_token, lease_expires_at,
+        claim)`` for each (expiry in server epoch seconds; ``claim``: the one the grant was made
+        under, which only the waiter and the script know), instead of ``on_wake``.  The
+        receiver owns that permit: it starts the work or releases it.  Without it, such
+        waiters are named through ``on_wake`` and claim their units with :meth:`try_acquire`
+        like any other.
     :param hash_tag: put this semaphore's keys in the Redis Cluster slot of ``{hash_tag}``
         instead of one of its own (the name is still part of every key).  Semaphores used
         together in a :class:`~celery_semaphore.SemaphoreGroup` on a Redis Cluster must share
@@ -486,10 +490,16 @@ class Semaphore:
             )
 
     def _handed(
-        self, handler: HandoffHandler, ticket: str, data: str, fence: int, expires_at: float
+        self,
+        handler: HandoffHandler,
+        ticket: str,
+        data: str,
+        fence: int,
+        expires_at: float,
+        claim: str,
     ) -> None:
         try:
-            handler(ticket, data, fence, expires_at)
+            handler(ticket, data, fence, expires_at, claim)
         except Exception:
             # the grant comes back when its lease expires (the receiver never had it)
             log.exception(
@@ -637,10 +647,11 @@ class Semaphore:
         )
         if handler is not None and len(reply) > 1:
             handed = int(reply[1])
-            end = 2 + 4 * handed
-            for i in range(2, end, 4):
-                ticket, data = _text(reply[i]), _text(reply[i + 1])
-                self._handed(handler, ticket, data, int(reply[i + 2]), int(reply[i + 3]) / 1000)
+            end = 2 + 5 * handed
+            for i in range(2, end, 5):
+                ticket, data, claim_to = _text(reply[i]), _text(reply[i + 1]), _text(reply[i + 4])
+                fence, expires_at = int(reply[i + 2]), int(reply[i + 3]) / 1000
+                self._handed(handler, ticket, data, fence, expires_at, claim_to)
             self._wake(reply[end:])
         elif len(reply) > 1:
             self._wake(reply[1:])
@@ -653,11 +664,14 @@ class Semaphore:
         lease_ttl: float | None = None,
         place_ttl: float | None = None,
         holder_only: bool = False,
+        claim: str = "",
     ) -> float | None:
         """Extend a holder's lease (or a waiter's place) from now.
 
         Returns the new expiry in server epoch seconds, or None when the token is neither
-        holding nor waiting (with ``holder_only``: not holding).
+        holding nor waiting (with ``holder_only``: not holding).  With ``claim``, only a
+        permit granted under that claim is extended: one held under another claim (another
+        copy of the ticket) is left alone and reported as not held (None).
         """
         lease = _validate.optional_positive_seconds("lease_ttl", lease_ttl)
         place = _validate.optional_positive_seconds("place_ttl", place_ttl)
@@ -670,11 +684,12 @@ class Semaphore:
                 self.limit,
                 1000,
                 self._aging_ms,
+                claim,
             ],
         )
         self._wake(reply[2:])
         status = int(reply[0])
-        if status == 0 or (holder_only and status != 1):
+        if status in (0, 3) or (holder_only and status != 1):
             return None
         return int(reply[1]) / 1000
 

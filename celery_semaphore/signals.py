@@ -5,9 +5,12 @@
   (:mod:`celery_semaphore.gate`) when the app has limited tasks.
 * ``task_failure`` and ``task_revoked`` in the process that did *not* run the body (the prefork
   parent, after a hard time limit, a SIGKILL or OOM of the child, or a terminate): release the
-  dead execution's permit at once, found by its token (``<task id>:<retries>``), instead of
-  waiting for the lease to expire.  (With ``reject_on_worker_lost`` Celery sends no
-  ``task_failure``: the redelivered copy waits for the dead child's lease instead.)
+  dead execution's permit at once, found by its token (``<task id>:<retries>``) and the claim
+  of the delivery that failed (stamped by the consumer), instead of waiting for the lease to
+  expire.  Under that claim only: a delivery that failed without holding (a copy that timed
+  out waiting while another copy of the same task id runs) releases nothing.  (With
+  ``reject_on_worker_lost`` Celery sends no ``task_failure``: the redelivered copy waits for the
+  dead child's lease instead.)
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from celery.exceptions import TimeLimitExceeded
 from . import children, config, connection, events, logs, targets, worker_hooks
 from .decorators import spec_of
 from .exceptions import SemaphoreError
-from .runtime import handled_here, lock_for, lock_names
+from .runtime import handled_here, lock_for, lock_names, stamped_claim
 from .spec import Member
 
 __all__ = ["connect"]
@@ -107,6 +110,11 @@ def _release_dead(task: Any, task_id: str | None, request: Any, why: str) -> Non
     token = f"{task_id}:{getattr(request, 'retries', 0) or 0}"
     if handled_here(token):
         return
+    claim = stamped_claim(request)
+    if claim is None:
+        # not a delivery this worker's consumer saw: nothing to release under (its lease
+        # brings back whatever it held)
+        return
     app = task.app
     if not app.conf.get("semaphore_enabled", True):
         return
@@ -123,7 +131,7 @@ def _release_dead(task: Any, task_id: str | None, request: Any, why: str) -> Non
             partition="",
         )
         lock = lock_for(app, plan, opts.lease_ttl)
-        released = lock.release_token(token)
+        released = lock.release_token(token, claim=claim)
     except (SemaphoreError, TypeError, ValueError) as exc:
         log.error(
             "could not release the permit of task %s after %s: %s; it comes back when its "

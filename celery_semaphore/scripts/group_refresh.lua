@@ -6,12 +6,14 @@
 -- ARGV[2] numbers   five values: mode ('r' refresh, 'w' withdraw) lease_ms place_ttl_ms
 --                   wake_grace_ms aging_ms
 -- ARGV[3] limits    each member's limit (the caller's; a runtime override wins), in order
+-- ARGV[4] claim     refresh: '' extends whoever holds `token`; otherwise only a grant made
+--                   under this claim in every member (another delivery's is left alone)
 --
 -- Returns {status, expiry ms, wake triples (member index, ticket, data)...}.
 --   refresh:  status 1 holder in every member, extended; 2 waiter in every member, extended;
---             0 otherwise (nothing is extended: the group permit or place is lost).
+--             3 held under another claim in some member (nothing is extended); 0 otherwise (nothing is extended: the group permit or place is lost).
 --   withdraw: status 1 when it had a place in some member (all are removed), else 0.
-local token = ARGV[1]
+local token, claim = ARGV[1], ARGV[4] or ''
 local mode, lease_ms, place_ms, grace, aging =
   string.match(ARGV[2], '^(%S+) (%S+) (%S+) (%S+) (%S+)$')
 lease_ms, place_ms, grace, aging = tonumber(lease_ms), tonumber(place_ms), tonumber(grace),
@@ -23,11 +25,15 @@ local m = #KEYS / 3
 local limits = {}
 for value in string.gmatch(ARGV[3], '%S+') do limits[#limits + 1] = tonumber(value) end
 
-local holders, waiters, n_held, n_waiting = {}, {}, 0, 0
+local holders, waiters, n_held, n_waiting, foreign = {}, {}, 0, 0, false
 for i = 1, m do
   use(i)
   local holder, waiter = begin('h:' .. token, 'w:' .. token)
   holders[i], waiters[i] = holder or false, waiter or false
+  if holder and claim ~= '' then
+    local _, _, held_claim = parse_holder(holder)
+    if held_claim ~= claim then foreign = true end
+  end
   if holder then n_held = n_held + 1 end
   if waiter then n_waiting = n_waiting + 1 end
 end
@@ -41,6 +47,8 @@ if mode == 'w' then
       status = 1
     end
   end
+elseif foreign then
+  status = 3
 elseif n_held == m then
   expiry = now + lease_ms
   for i = 1, m do

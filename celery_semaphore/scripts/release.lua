@@ -24,7 +24,8 @@
 -- 0 not held (lost to lease expiry or never granted), 3 held under another claim.  A timed
 -- release now (1) updates the moving average of hold times (see release_holder()).  With
 -- handoff_ms > 0 the reply is {status, n, n handoffs as ticket, wake data, fencing token, lease
--- expiry ms, then the wake pairs}.
+-- expiry ms, claim, then the wake pairs}: the claim the grant was made under, which only the
+-- waiter and this script know, lets the receiver tell a real handoff from a forged one.
 local HANDOFF_MARK = '#handoff'  -- the Python side's HANDOFF_MARK
 local token, claim = ARGV[1], ARGV[3]
 local client_limit, tomb_ms, grace, aging, timed, handoff_ms =
@@ -83,6 +84,7 @@ for _, entry in ipairs(list) do
     reply[#reply + 1] = data
     reply[#reply + 1] = fence
     reply[#reply + 1] = expiry
+    reply[#reply + 1] = handoff_to
     reply[2] = reply[2] + 1
   else
     named[#named + 1] = entry

@@ -47,19 +47,19 @@ class Late:
 
     def __init__(self) -> None:
         self.woken: list[str] = []
-        self.handed: list[tuple[str, int, float]] = []
+        self.handed: list[tuple[str, int, float, str]] = []
 
     def on_wake(self, ticket: str, data: str) -> None:
         self.woken.append(ticket)
 
-    def on_handoff(self, ticket: str, data: str, fence: int, expires_at: float) -> None:
-        self.handed.append((ticket, fence, expires_at))
+    def on_handoff(self, ticket: str, data: str, fence: int, expires_at: float, claim: str) -> None:
+        self.handed.append((ticket, fence, expires_at, claim))
 
     def deliver(self, gate: Gate) -> None:
         for ticket in self.woken:
             gate.wake(ticket)
-        for ticket, fence, expires_at in self.handed:
-            gate.handed(ticket, fence, expires_at)
+        for ticket, fence, expires_at, claim in self.handed:
+            gate.handed(ticket, fence, expires_at, claim)
 
 
 class Scene:
@@ -202,7 +202,7 @@ def test_a_handoff_on_its_way_when_the_gate_lets_go_runs_the_task(
 ) -> None:
     scene.hold_the_task()
     scene.release_the_blocker()  # handed off to the held task; the gate hears of it late
-    assert [t for t, _, _ in scene.late.handed] == [scene.ticket]
+    assert [t for t, _, _, _ in scene.late.handed] == [scene.ticket]
     _hold_too_long(monkeypatch)
     directives = scene.pool_takes_work()  # the gate finds the grant as it lets go
     ran = scene.run_the_body()

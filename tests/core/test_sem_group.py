@@ -332,3 +332,23 @@ def test_group_reports_a_foreign_key(
     assert info.value.key == b.keys.line
     assert redis_client.get(b.keys.line) == b"not ours"
     assert a.inspect().used == 0
+
+
+def test_only_the_claim_a_group_grant_was_made_under_refreshes_it(
+    make_semaphore: SemaphoreFactory, redis_client: redis.Redis
+) -> None:
+    """A stalled copy of a ticket never extends another delivery's group grant: the refresh
+    under its claim is refused, and its permit reports itself lost."""
+    a, b = make_semaphore("ga", 1), make_semaphore("gb", 1)
+    group = SemaphoreGroup([(a, 1), (b, 1)])
+    mine = group.try_acquire("T", claim="mine", lease_ttl=LONG).permit
+    assert isinstance(mine, GroupPermit)
+    stale = GroupPermit(group, "T", [*mine.permits], mine.lease_expires_at, "a stalled copy")
+    before = {h.token: h.lease_remaining for h in a.holders()}
+    assert group.refresh_token("T", claim="a stalled copy", holder_only=True) is None
+    assert stale.refresh() is False
+    assert stale.lost
+    assert {h.token: h.lease_remaining for h in a.holders()}["T"] <= before["T"]
+    assert mine.refresh() is True
+    assert mine.release() is True
+    assert_clean(redis_client, [a, b])

@@ -25,12 +25,14 @@ CLAIM = "claim-of-this-delivery"
 class Calls:
     wakes: list[tuple[str, str]] = field(default_factory=list)
     handoffs: list[tuple[str, str, int, float]] = field(default_factory=list)
+    claims: list[str] = field(default_factory=list)
 
     def on_wake(self, ticket: str, data: str) -> None:
         self.wakes.append((ticket, data))
 
-    def on_handoff(self, ticket: str, data: str, fence: int, expires_at: float) -> None:
+    def on_handoff(self, ticket: str, data: str, fence: int, expires_at: float, claim: str) -> None:
         self.handoffs.append((ticket, data, fence, expires_at))
+        self.claims.append(claim)
 
 
 @pytest.fixture
@@ -75,6 +77,7 @@ def test_a_release_grants_the_freed_unit_to_a_handoff_waiter(
     [(ticket, data, fence, expires_at)] = calls.handoffs
     assert (ticket, data) == ("w", GATE)
     assert fence == first + 1
+    assert calls.claims == [CLAIM]  # the receiver learns the claim the grant was made under
     snap = sem.inspect()
     assert snap.used == 1
     assert snap.waiters == []
@@ -88,7 +91,9 @@ def test_a_release_grants_the_freed_unit_to_a_handoff_waiter(
     assert again.status is AttemptStatus.ALREADY_HELD
     assert again.permit is not None
     assert again.permit.fencing_token == fence
-    # only the claim it was granted under releases it
+    # only the claim it was granted under refreshes it, or releases it
+    assert sem.refresh_token("w", claim="another copy", holder_only=True) is None
+    assert sem.refresh_token("w", claim=CLAIM, holder_only=True) is not None
     assert sem.release_token("w", claim="another copy") is False
     assert sem.release_token("w", claim=CLAIM) is True
     assert sem.inspect().used == 0

@@ -274,7 +274,9 @@ class SemaphoreMachine(RuleBasedStateMachine):
         assert data == self.data
         self.woken.append(ticket)
 
-    def _on_handoff(self, ticket: str, data: str, fence: int, expires_at: float) -> None:
+    def _on_handoff(
+        self, ticket: str, data: str, fence: int, expires_at: float, claim: str
+    ) -> None:
         assert data == self.data
         self.handed.append((ticket, fence))
 

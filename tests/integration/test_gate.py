@@ -14,7 +14,7 @@ from collections.abc import Iterator
 import pytest
 import redis
 
-from celery_semaphore import Semaphore
+from celery_semaphore import Semaphore, wakes
 from celery_semaphore.semaphore import HANDOFF_MARK
 from celery_semaphore.testing import RedisServer
 from tests.conftest import delete_prefix
@@ -139,9 +139,9 @@ class _Handoffs:
             on_handoff=self.hand,
         )
 
-    def hand(self, ticket: str, data: str, fence: int, expires_at: float) -> None:
+    def hand(self, ticket: str, data: str, fence: int, expires_at: float, claim: str) -> None:
         self.granted.append((ticket, data, fence, expires_at))
-        push(self.env, data, f"+{fence} {round(expires_at * 1000)} {ticket}")
+        push(self.env, data, wakes.handoff_item(ticket, fence, expires_at, claim))
 
 
 def push(env: Env, data: str, item: str) -> None:
@@ -210,7 +210,12 @@ def test_a_handoff_for_a_task_the_gate_no_longer_holds_is_given_back(
     ticket = f"{victim.id}:0"
     grant = sem.try_acquire(ticket, claim=claim, place_ttl=10)
     assert grant.permit is not None
-    push(env, hands.granted[0][1], f"+{grant.permit.fencing_token} 0 {ticket}")
+    fence = grant.permit.fencing_token
+    # an item under another claim, or an untyped one (a task id can read like anything), is
+    # not a handoff the gate acts on; the one with the victim's claim is
+    push(env, hands.granted[0][1], wakes.handoff_item(ticket, fence, 0, "not-the-claim"))
+    push(env, hands.granted[0][1], f"+{fence} 0 {ticket}")
+    push(env, hands.granted[0][1], wakes.handoff_item(ticket, fence, 0, claim))
     # the gate gives it back at once (not after the 60 s lease), and it never runs
     wait_until(lambda: not holders(env), 5, what="the orphan grant given back")
     assert ran(env) == ["first"]
