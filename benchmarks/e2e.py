@@ -3,7 +3,7 @@
     python benchmarks/e2e.py [--quick] [--redis-url URL] [--broker-url URL] [--repeats N]
                              [--pool threads|prefork|both] [--keep-logs]
 
-Redis: ``--redis-url`` as given, else :func:`celery_semaphore.testing.redis_server` (the server
+Redis: ``--redis-url`` as given, else :func:`celery_semaphore.ops.testing.redis_server` (the server
 named by ``$CELERY_SEMAPHORE_TEST_REDIS_URL`` or ``redis://127.0.0.1:6379`` when reachable, else
 a throwaway ``redis-server``).  The broker is that Redis unless ``--broker-url`` names another.
 
@@ -42,8 +42,8 @@ from typing import Any
 import e2e_app  # benchmarks/e2e_app.py: this script's directory is sys.path[0]
 import redis
 
-from celery_semaphore import config as cs_config
-from celery_semaphore.testing import redis_server
+from celery_semaphore.integration import config as cs_config
+from celery_semaphore.ops.testing import redis_server
 
 ROOT = Path(__file__).resolve().parents[1]
 LIMIT = 8

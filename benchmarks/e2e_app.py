@@ -41,7 +41,7 @@ import redis
 from celery import Celery, signals
 
 from celery_semaphore import limited
-from celery_semaphore.runtime import WaitState
+from celery_semaphore.integration.delivery import WaitState
 
 __all__ = [
     "HANDROLLED",

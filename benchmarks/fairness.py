@@ -27,7 +27,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from celery_semaphore.testing import redis_server  # noqa: E402
+from celery_semaphore.ops.testing import redis_server  # noqa: E402
 from tests.conftest import delete_prefix  # noqa: E402
 from tests.integration import proj  # noqa: E402
 from tests.integration.fairness_stats import (  # noqa: E402

@@ -2,7 +2,7 @@
 
     python benchmarks/primitive.py [--redis-url URL] [--quick]
 
-Redis: ``--redis-url`` as given, else :func:`celery_semaphore.testing.redis_server` (the server
+Redis: ``--redis-url`` as given, else :func:`celery_semaphore.ops.testing.redis_server` (the server
 named by ``$CELERY_SEMAPHORE_TEST_REDIS_URL`` or ``redis://127.0.0.1:6379`` when reachable, else
 a throwaway ``redis-server`` it starts and stops).  Every key lives under a fresh
 ``bench-<uuid>`` prefix and only those keys are deleted at the end (SCAN + DEL; never FLUSHDB).
@@ -49,7 +49,7 @@ import redis
 from redis.exceptions import WatchError
 
 from celery_semaphore import Permit, Semaphore
-from celery_semaphore.testing import redis_server
+from celery_semaphore.ops.testing import redis_server
 
 # -- parameters ----------------------------------------------------------------------------------
 

@@ -16,7 +16,7 @@ redelivery.  Printed at the end:
 * worker RSS growth: each node's main process, and the node in all (main + pool children),
   from after a warm-up to the end (target: < 20 MB).
 
-Redis: :func:`celery_semaphore.testing.redis_server` (the server named by
+Redis: :func:`celery_semaphore.ops.testing.redis_server` (the server named by
 ``$CELERY_SEMAPHORE_TEST_REDIS_URL``, else ``redis://127.0.0.1:6379`` when reachable, else a
 throwaway ``redis-server``): broker, result backend and semaphores, in database ``--db`` (8):
 kombu's Redis transport keeps one index of unacknowledged messages per database, and a worker
@@ -38,7 +38,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from celery_semaphore.testing import redis_server  # noqa: E402
+from celery_semaphore.ops.testing import redis_server  # noqa: E402
 from tests.chaos.harness import Chaos  # noqa: E402
 from tests.conftest import delete_prefix  # noqa: E402
 from tests.integration.workers import Worker, start_workers, stop_workers  # noqa: E402

@@ -8,7 +8,7 @@ from __future__ import annotations
 from importlib.metadata import PackageNotFoundError, version
 from typing import TYPE_CHECKING, Any
 
-from .exceptions import (
+from .core.exceptions import (
     LeaseLost,
     SemaphoreBackendError,
     SemaphoreError,
@@ -17,10 +17,8 @@ from .exceptions import (
 )
 
 if TYPE_CHECKING:
-    from .decorators import limited
-    from .group import GroupPermit, SemaphoreGroup
-    from .runtime import checkpoint, current_permits
-    from .semaphore import (
+    from .core.group import GroupPermit, SemaphoreGroup
+    from .core.semaphore import (
         Attempt,
         AttemptStatus,
         HolderInfo,
@@ -30,7 +28,9 @@ if TYPE_CHECKING:
         Snapshot,
         WaiterInfo,
     )
-    from .task import LimitedTask
+    from .integration.body import checkpoint, current_permits
+    from .integration.decorators import limited
+    from .integration.task import LimitedTask
 
 # The core primitive (and redis-py with it) is imported on first use too: every `celery`
 # command imports this package, because the `celery semaphore` plugin lives in it.
@@ -50,10 +50,10 @@ _CORE = frozenset(
 # The Celery layer is imported on first use, so the core primitive (and the `celery` CLI
 # plugin) never pay for it, and `Semaphore` works without importing Celery.
 _CELERY_LAYER = {
-    "limited": ("decorators", "limited"),
-    "LimitedTask": ("task", "LimitedTask"),
-    "checkpoint": ("runtime", "checkpoint"),
-    "current_permits": ("runtime", "current_permits"),
+    "limited": ("integration.decorators", "limited"),
+    "LimitedTask": ("integration.task", "LimitedTask"),
+    "checkpoint": ("integration.body", "checkpoint"),
+    "current_permits": ("integration.body", "current_permits"),
 }
 
 
@@ -64,16 +64,18 @@ def __getattr__(name: str) -> Any:
     if name in _CORE or name in _GROUP:
         from importlib import import_module
 
-        module = "group" if name in _GROUP else "semaphore"
+        module = "core.group" if name in _GROUP else "core.semaphore"
         value = getattr(import_module(f"{__name__}.{module}"), name)
         globals()[name] = value
         return value
     if name in _CELERY_LAYER:
         from importlib import import_module
 
-        from .signals import connect
+        from .integration.signals import connect
+        from .ops.worker_hooks import install
 
         connect()
+        install()
         module, attr = _CELERY_LAYER[name]
         value = getattr(import_module(f"{__name__}.{module}"), attr)
         globals()[name] = value

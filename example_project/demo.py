@@ -40,7 +40,7 @@ from typing import Any
 
 import redis
 
-from celery_semaphore.testing import RedisServer, start_redis_server
+from celery_semaphore.ops.testing import RedisServer, start_redis_server
 
 from . import meter, plot
 from .processes import WorkerProcess, start_worker, wait_ready
@@ -177,7 +177,7 @@ def _flood(plan: Plan, tasks: Any) -> list[tuple[float, Callable[[], tuple[str, 
 def _limits(app: Any, tasks: Any, plan: Plan) -> list[Limit]:
     """The limits to check, read from the tasks themselves (and the app's
     ``semaphore_queue_limits``); a name template gives one limit per customer sent for."""
-    from celery_semaphore.decorators import spec_of
+    from celery_semaphore.integration.decorators import spec_of
 
     settings = app.conf.get("semaphore_queue_limits") or {}
     found: dict[str, Limit] = {}

@@ -15,7 +15,7 @@ import time
 import uuid
 
 from celery_semaphore import Semaphore
-from celery_semaphore.testing import redis_server
+from celery_semaphore.ops.testing import redis_server
 
 LIMIT = 3
 WORKERS = 12

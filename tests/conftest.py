@@ -20,8 +20,8 @@ import pytest
 import redis
 
 from celery_semaphore import Semaphore
-from celery_semaphore.testing import RedisServer
-from celery_semaphore.testing import redis_server as _redis_server
+from celery_semaphore.ops.testing import RedisServer
+from celery_semaphore.ops.testing import redis_server as _redis_server
 
 # Celery's classic fixtures (celery_app, celery_worker, ...) for the Celery-layer tests.  The
 # pytest-celery plugin (Docker-based) is disabled by ``-p no:celery`` in pyproject's addopts.

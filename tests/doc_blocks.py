@@ -109,7 +109,7 @@ def run_page(sources: list[str], redis_url: str, key_prefix: str) -> list[dict[s
     """
     import celery
 
-    from celery_semaphore import semaphore
+    from celery_semaphore.core import semaphore
 
     # Semaphore(...) without key_prefix / redis: the test's prefix and Redis
     defaults = semaphore.Semaphore.__init__.__kwdefaults__

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from celery_semaphore.testing import RedisServer
+from celery_semaphore.ops.testing import RedisServer
 
 from .doc_blocks import (
     ROOT,

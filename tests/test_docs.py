@@ -12,7 +12,7 @@ import pytest
 from celery import Celery
 from celery import _state as celery_state
 
-from celery_semaphore import config
+from celery_semaphore.integration import config
 
 from .doc_blocks import blocks
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from celery_semaphore import _scripts
+from celery_semaphore.core import _scripts
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "celery_semaphore"

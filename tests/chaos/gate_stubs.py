@@ -12,7 +12,7 @@ from typing import Any
 
 from celery import Celery
 
-from celery_semaphore.testing import RedisServer
+from celery_semaphore.ops.testing import RedisServer
 from tests.conftest import delete_prefix
 
 

@@ -29,7 +29,8 @@ from typing import Any
 
 from celery.exceptions import SoftTimeLimitExceeded
 
-from celery_semaphore import clock, limited
+from celery_semaphore import limited
+from celery_semaphore.core import clock
 from tests.integration.proj import LEASE, LIMIT, app
 
 from .record import Recorder
@@ -42,7 +43,7 @@ rec = Recorder(os.environ.get("CS_CHAOS_DIR", "/tmp"), LIMIT)
 def _skewed_clock() -> None:
     """A clock jump on this worker host, through the package's clock seam: the seconds in
     ``<CS_CHAOS_DIR>/clock-skew`` (re-read at most every 0.2 s) are added to
-    ``celery_semaphore.clock.monotonic()`` in every process of the worker."""
+    ``celery_semaphore.core.clock.monotonic()`` in every process of the worker."""
     real = clock.monotonic
     path = rec.dir / "clock-skew"
     cache = {"at": -1.0, "skew": 0.0}

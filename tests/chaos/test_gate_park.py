@@ -26,13 +26,14 @@ from celery import Celery, states
 from celery.app.trace import build_tracer
 from celery.worker import state
 
-import celery_semaphore.gate as gate_module
+import celery_semaphore.integration.gate as gate_module
 from celery_semaphore import Semaphore, limited
-from celery_semaphore.exceptions import SemaphoreBackendError
-from celery_semaphore.gate import Gate
-from celery_semaphore.heartbeat import heartbeat
-from celery_semaphore.runtime import GATE_HEADER, semaphore_for
-from celery_semaphore.testing import RedisServer
+from celery_semaphore.core.exceptions import SemaphoreBackendError
+from celery_semaphore.integration.delivery import GATE_HEADER
+from celery_semaphore.integration.gate import Gate
+from celery_semaphore.integration.heartbeat import heartbeat
+from celery_semaphore.integration.locks import semaphore_for
+from celery_semaphore.ops.testing import RedisServer
 from tests.integration.workers import wait_until
 from tests.log_records import LogRecords, containing
 

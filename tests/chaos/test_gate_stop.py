@@ -20,9 +20,9 @@ from celery import Celery
 from celery.worker import state
 
 from celery_semaphore import limited
-from celery_semaphore.gate import Gate
-from celery_semaphore.runtime import semaphore_for
-from celery_semaphore.testing import RedisServer
+from celery_semaphore.integration.gate import Gate
+from celery_semaphore.integration.locks import semaphore_for
+from celery_semaphore.ops.testing import RedisServer
 from tests.integration.workers import wait_until
 
 from .gate_stubs import Request, StoppedConsumer, gate_app
@@ -81,7 +81,7 @@ def test_stop_does_not_wait_for_the_gate_threads_tick(
     wait at once (a no-op item on the list) instead of letting the worker's shutdown sit out
     the rest of the tick.  With a 30 s tick, the thread must be gone when ``stop()`` returns
     (``stop()`` gives it 5 s; without the interrupt it would still be blocked)."""
-    import celery_semaphore.gate as gate_module
+    import celery_semaphore.integration.gate as gate_module
 
     monkeypatch.setattr(gate_module, "TICK", 30.0)
 

@@ -18,7 +18,7 @@ from typing import TypeVar
 import pytest
 
 from celery_semaphore import AttemptStatus, Semaphore, SemaphoreBackendError
-from celery_semaphore.testing import RedisServer, start_redis_server
+from celery_semaphore.ops.testing import RedisServer, start_redis_server
 from tests.conftest import delete_prefix
 from tests.integration.workers import Worker, start_workers, stop_workers, wait_until
 

@@ -2,7 +2,7 @@
 still run.  The workers must not crash-loop, must recover by themselves, and (with the default
 ``semaphore_restart_policy = "fail_closed"``) never let more than ``limit`` bodies run: for one
 lease after they notice the loss they grant nothing new, while the running bodies re-assert
-their permits.  (See celery_semaphore.restart.)
+their permits.  (See celery_semaphore.integration.restart.)
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from celery_semaphore.testing import (
+from celery_semaphore.ops.testing import (
     RedisServer,
     find_redis_server_binary,
     start_redis_server,
@@ -107,7 +107,7 @@ def test_redis_restart_fail_closed(redis_server: RedisServer, own_redis: RedisSe
 def test_restart_settings_are_validated_at_worker_start() -> None:
     from celery import Celery
 
-    from celery_semaphore import config
+    from celery_semaphore.integration import config
 
     app = Celery("x", set_as_current=False)
     app.conf.update(semaphore_restart_policy="fail_closed", semaphore_restart_quarantine=5.0)

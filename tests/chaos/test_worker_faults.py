@@ -16,7 +16,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from celery_semaphore.testing import RedisServer
+from celery_semaphore.ops.testing import RedisServer
 from tests.conftest import delete_prefix
 from tests.integration.workers import Worker, start_workers, stop_workers, wait_until
 

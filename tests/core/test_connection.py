@@ -1,4 +1,4 @@
-"""celery_semaphore.connection: settings to a redis-py client, checked early, never leaking a
+"""celery_semaphore.core.connection: settings to a redis-py client, checked early, never leaking a
 password.  (Cluster, Sentinel and TLS servers are exercised in tests/deploy/.)"""
 
 from __future__ import annotations
@@ -12,8 +12,7 @@ import redis
 from redis.sentinel import SentinelConnectionPool
 
 from celery_semaphore import Semaphore
-from celery_semaphore.config import redis_settings
-from celery_semaphore.connection import (
+from celery_semaphore.core.connection import (
     WORKER_DEFAULTS,
     check,
     describe_client,
@@ -21,7 +20,8 @@ from celery_semaphore.connection import (
     safe_url,
     validate,
 )
-from celery_semaphore.exceptions import SemaphoreBackendError
+from celery_semaphore.core.exceptions import SemaphoreBackendError
+from celery_semaphore.integration.config import redis_settings
 
 
 def test_safe_url_hides_every_password() -> None:

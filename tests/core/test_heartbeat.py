@@ -16,7 +16,7 @@ from redis.backoff import ConstantBackoff, NoBackoff
 from redis.retry import Retry
 
 from celery_semaphore import Permit, Semaphore
-from celery_semaphore.heartbeat import Heartbeat
+from celery_semaphore.integration.heartbeat import Heartbeat
 from tests.conftest import SemaphoreFactory
 from tests.log_records import LogRecords, containing
 

@@ -18,9 +18,13 @@ from hypothesis import HealthCheck, assume, event, given, settings
 from hypothesis import strategies as st
 
 from celery_semaphore import Semaphore, SemaphoreError, SemaphoreGroup, limited
-from celery_semaphore.config import OPTIONS, validate_app_settings, validate_task_options
-from celery_semaphore.connection import ACCEPTED_OPTIONS, validate_options
-from celery_semaphore.keys import MAX_READABLE, SemaphoreKeys, encode_name
+from celery_semaphore.core.connection import ACCEPTED_OPTIONS, validate_options
+from celery_semaphore.core.keys import MAX_READABLE, SemaphoreKeys, encode_name
+from celery_semaphore.integration.config import (
+    OPTIONS,
+    validate_app_settings,
+    validate_task_options,
+)
 from tests.conftest import delete_prefix
 
 pytestmark = pytest.mark.timeout(240)

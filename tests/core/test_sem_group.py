@@ -14,7 +14,7 @@ import pytest
 import redis
 
 from celery_semaphore import AttemptStatus, GroupPermit, Semaphore, SemaphoreGroup
-from celery_semaphore.testing import RedisServer, start_redis_server
+from celery_semaphore.ops.testing import RedisServer, start_redis_server
 
 SemaphoreFactory = Callable[..., Semaphore]
 LONG = 30.0

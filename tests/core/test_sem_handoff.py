@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from celery_semaphore import Semaphore
-from celery_semaphore.semaphore import HANDOFF_MARK, AttemptStatus
+from celery_semaphore.core.semaphore import HANDOFF_MARK, AttemptStatus
 
 SemaphoreFactory = Callable[..., Semaphore]
 

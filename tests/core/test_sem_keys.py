@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from redis.crc import key_slot
 
 from celery_semaphore import Semaphore
-from celery_semaphore.keys import MAX_READABLE, SemaphoreKeys, encode_name, validate_prefix
+from celery_semaphore.core.keys import MAX_READABLE, SemaphoreKeys, encode_name, validate_prefix
 
 PREFIX = "cs-keys"
 LONG = "x" * 1000

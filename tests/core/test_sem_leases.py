@@ -8,8 +8,9 @@ from collections.abc import Callable
 import pytest
 import redis
 
-from celery_semaphore import AttemptStatus, Semaphore, clock
-from celery_semaphore._scripts import OPERATIONS, source
+from celery_semaphore import AttemptStatus, Semaphore
+from celery_semaphore.core import clock
+from celery_semaphore.core._scripts import OPERATIONS, source
 
 SemaphoreFactory = Callable[..., Semaphore]
 

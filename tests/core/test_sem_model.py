@@ -33,7 +33,7 @@ from hypothesis.stateful import (
 )
 
 from celery_semaphore import AttemptStatus, Semaphore
-from celery_semaphore.semaphore import HANDOFF_MARK
+from celery_semaphore.core.semaphore import HANDOFF_MARK
 
 LIMIT = 4
 TICKETS = st.sampled_from([f"t{i}" for i in range(6)])

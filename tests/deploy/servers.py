@@ -25,7 +25,7 @@ from typing import Any, NoReturn
 import pytest
 import redis
 
-from celery_semaphore.testing import find_redis_server_binary
+from celery_semaphore.ops.testing import find_redis_server_binary
 
 
 def unavailable(message: str) -> NoReturn:

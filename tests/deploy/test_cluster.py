@@ -17,8 +17,8 @@ import redis
 from redis.cluster import RedisCluster
 
 from celery_semaphore import AttemptStatus, GroupPermit, Semaphore, SemaphoreGroup
-from celery_semaphore.connection import describe_client, redis_client
-from celery_semaphore.testing import RedisServer
+from celery_semaphore.core.connection import describe_client, redis_client
+from celery_semaphore.ops.testing import RedisServer
 from tests.conftest import delete_prefix
 from tests.integration import proj
 from tests.integration.helpers import inside, max_inside, ran

@@ -12,8 +12,8 @@ from collections.abc import Iterator
 import pytest
 
 from celery_semaphore import Semaphore, SemaphoreBackendError
-from celery_semaphore.connection import WORKER_DEFAULTS, check
-from celery_semaphore.testing import RedisServer, start_redis_server
+from celery_semaphore.core.connection import WORKER_DEFAULTS, check
+from celery_semaphore.ops.testing import RedisServer, start_redis_server
 from tests.conftest import delete_prefix
 from tests.integration import proj
 from tests.integration.helpers import inside, max_inside, ran

@@ -16,9 +16,9 @@ import pytest
 from celery import Celery
 
 from celery_semaphore import Semaphore, SemaphoreBackendError
-from celery_semaphore.config import redis_settings
-from celery_semaphore.connection import check, redis_client
-from celery_semaphore.testing import RedisServer
+from celery_semaphore.core.connection import check, redis_client
+from celery_semaphore.integration.config import redis_settings
+from celery_semaphore.ops.testing import RedisServer
 from tests.conftest import delete_prefix
 from tests.integration import proj
 from tests.integration.helpers import max_inside, ran

@@ -10,8 +10,8 @@ import redis
 from celery import Celery
 
 from celery_semaphore import Semaphore
-from celery_semaphore.config import redis_settings
-from celery_semaphore.connection import check, describe_client, redis_client
+from celery_semaphore.core.connection import check, describe_client, redis_client
+from celery_semaphore.integration.config import redis_settings
 
 from .servers import Processes, processes, require_binaries, wait_for
 

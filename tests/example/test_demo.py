@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from celery_semaphore.testing import find_redis_server_binary
+from celery_semaphore.ops.testing import find_redis_server_binary
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -10,7 +10,7 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from celery_semaphore.testing import RedisServer
+from celery_semaphore.ops.testing import RedisServer
 from tests.conftest import delete_prefix
 
 from .workers import Env

@@ -29,7 +29,7 @@ from typing import Any
 import pytest
 from celery import Celery
 
-from celery_semaphore.testing import RedisServer
+from celery_semaphore.ops.testing import RedisServer
 from tests.conftest import delete_prefix
 
 from . import proj_claims

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from celery_semaphore import Semaphore, registry
+from celery_semaphore import Semaphore
+from celery_semaphore.ops import registry
 from tests.ops.conftest import run_cli
 
 from . import proj

@@ -14,9 +14,10 @@ from collections.abc import Iterator
 import pytest
 import redis
 
-from celery_semaphore import Semaphore, wakes
-from celery_semaphore.semaphore import HANDOFF_MARK
-from celery_semaphore.testing import RedisServer
+from celery_semaphore import Semaphore
+from celery_semaphore.core.semaphore import HANDOFF_MARK
+from celery_semaphore.integration import wakes
+from celery_semaphore.ops.testing import RedisServer
 from tests.conftest import delete_prefix
 
 from . import proj

@@ -12,7 +12,7 @@ import pytest
 from kombu.entity import Exchange as _Exchange
 from kombu.entity import Queue as _Queue
 
-from celery_semaphore.testing import RedisServer
+from celery_semaphore.ops.testing import RedisServer
 from tests.conftest import delete_prefix
 
 from . import proj

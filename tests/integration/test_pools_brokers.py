@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from celery_semaphore.testing import RedisServer
+from celery_semaphore.ops.testing import RedisServer
 from tests.conftest import delete_prefix
 
 from . import proj

@@ -16,7 +16,7 @@ import pytest
 from celery.exceptions import TimeLimitExceeded, WorkerLostError
 
 from celery_semaphore import SemaphoreTimeout
-from celery_semaphore.testing import RedisServer
+from celery_semaphore.ops.testing import RedisServer
 from tests.conftest import delete_prefix
 
 from . import proj

@@ -28,8 +28,8 @@ from celery import Celery
 from celery._state import _set_task_join_will_block, task_join_will_block
 
 from celery_semaphore import LimitedTask, Semaphore, limited
-from celery_semaphore.signals import _on_worker_init
-from celery_semaphore.testing import RedisServer
+from celery_semaphore.integration.signals import _on_worker_init
+from celery_semaphore.ops.testing import RedisServer
 from tests.conftest import delete_prefix
 
 from . import proj

@@ -12,7 +12,7 @@ from celery.bin.base import CLIContext
 from click.testing import CliRunner, Result
 
 from celery_semaphore import limited
-from celery_semaphore.cli import semaphore
+from celery_semaphore.ops.cli import semaphore
 
 Cli = Callable[..., Result]
 

@@ -17,8 +17,8 @@ import pytest
 import redis
 from celery import Celery
 
-from celery_semaphore import audit, registry
-from celery_semaphore.cli import EXIT_CANCELLED, EXIT_NOT_FOUND, EXIT_REDIS, EXIT_USAGE
+from celery_semaphore.ops import audit, registry
+from celery_semaphore.ops.cli import EXIT_CANCELLED, EXIT_NOT_FOUND, EXIT_REDIS, EXIT_USAGE
 from tests.conftest import SemaphoreFactory
 
 from .conftest import Cli, make_app, run_cli

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from celery_semaphore import cli
+from celery_semaphore.ops import cli
 from tests.conftest import SemaphoreFactory
 
 from .test_cli import closed_port, owner
@@ -31,7 +31,7 @@ pytestmark = pytest.mark.timeout(120)
 
 def test_the_entry_point_is_registered() -> None:
     [ep] = [ep for ep in entry_points(group="celery.commands") if ep.name == "semaphore"]
-    assert ep.value == "celery_semaphore.cli:semaphore"
+    assert ep.value == "celery_semaphore.ops.cli:semaphore"
     assert ep.load() is cli.semaphore
 
 

@@ -19,8 +19,8 @@ import pytest
 from celery import Celery
 from prometheus_client.parser import text_string_to_metric_families
 
-from celery_semaphore import registry
-from celery_semaphore.testing import RedisServer
+from celery_semaphore.ops import registry
+from celery_semaphore.ops.testing import RedisServer
 from tests.conftest import delete_prefix
 from tests.integration import proj
 from tests.integration.helpers import holders, max_inside, ran, reset_bookkeeping, semaphore

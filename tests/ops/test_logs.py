@@ -23,9 +23,10 @@ from celery import Celery, signals
 from celery.contrib.testing import tasks as _ping_task  # noqa: F401 (start_worker pings it)
 from celery.contrib.testing.worker import start_worker
 
-from celery_semaphore import Semaphore, events, limited, logs
-from celery_semaphore.audit import operator
-from celery_semaphore.heartbeat import heartbeat
+from celery_semaphore import Semaphore, limited, logs
+from celery_semaphore.integration import events
+from celery_semaphore.integration.heartbeat import heartbeat
+from celery_semaphore.ops.audit import operator
 from tests.log_records import LogRecords as Waiter
 
 from .conftest import make_app, run_cli

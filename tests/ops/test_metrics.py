@@ -15,7 +15,8 @@ import pytest
 from celery import Celery
 from prometheus_client import CollectorRegistry
 
-from celery_semaphore import config, events, metrics
+from celery_semaphore.integration import config, events
+from celery_semaphore.ops import metrics
 from tests.conftest import SemaphoreFactory
 
 from .conftest import make_app
@@ -44,11 +45,11 @@ def test_the_package_and_the_cli_plugin_stay_light() -> None:
         """
         import sys
         import celery.bin.celery  # loads every celery.commands plugin, ours included
-        assert "celery_semaphore.cli" in sys.modules
-        heavy = ["prometheus_client", "redis", "celery_semaphore.semaphore",
-                 "celery_semaphore.runtime", "celery_semaphore.metrics"]
+        assert "celery_semaphore.ops.cli" in sys.modules
+        heavy = ["prometheus_client", "redis", "celery_semaphore.core.semaphore",
+                 "celery_semaphore.integration.body", "celery_semaphore.ops.metrics"]
         print(*[m for m in heavy if m in sys.modules])
-        import celery_semaphore.events
+        import celery_semaphore.integration.events
         print("prometheus_client" in sys.modules)
         """
     )
@@ -62,9 +63,9 @@ def test_a_missing_extra_gives_an_install_hint() -> None:
         import sys
         sys.modules["prometheus_client"] = None  # as if the extra were not installed
         from celery import Celery
-        from celery_semaphore import worker_hooks
+        from celery_semaphore.ops import worker_hooks
         try:
-            import celery_semaphore.metrics
+            import celery_semaphore.ops.metrics
         except ImportError as exc:
             print("import:", exc)
         app = Celery("x", set_as_current=False)

@@ -10,9 +10,9 @@ from typing import Any
 import pytest
 from celery import Celery
 
-from celery_semaphore import cli_render, views
-from celery_semaphore.registry import Known
-from celery_semaphore.semaphore import HolderInfo, PartitionInfo, Snapshot, WaiterInfo
+from celery_semaphore.core.semaphore import HolderInfo, PartitionInfo, Snapshot, WaiterInfo
+from celery_semaphore.ops import cli_render, views
+from celery_semaphore.ops.registry import Known
 
 
 def Partition(name: str, used: int, waiters: int, cap: int | None) -> PartitionInfo:
@@ -99,7 +99,7 @@ def test_the_collector_exports_partitions_and_the_cores_counters(
 ) -> None:
     from prometheus_client import CollectorRegistry
 
-    from celery_semaphore import metrics
+    from celery_semaphore.ops import metrics
 
     class Reader:  # stands for a Semaphore whose core reports partitions and counters
         def inspect(self) -> Snapshot:

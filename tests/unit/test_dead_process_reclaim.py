@@ -12,7 +12,8 @@ from typing import Any
 import pytest
 
 from celery_semaphore import Semaphore
-from celery_semaphore.runtime import _reclaim_from_dead_process, host_owner
+from celery_semaphore.integration.body import _reclaim_from_dead_process
+from celery_semaphore.integration.delivery import host_owner
 
 SemaphoreFactory = Callable[..., Semaphore]
 

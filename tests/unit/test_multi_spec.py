@@ -9,8 +9,8 @@ import pytest
 from celery import Celery
 
 from celery_semaphore import limited
-from celery_semaphore.decorators import spec_of
-from celery_semaphore.targets import Plan, resolve
+from celery_semaphore.integration.decorators import spec_of
+from celery_semaphore.integration.targets import Plan, resolve
 
 
 @pytest.fixture
@@ -105,7 +105,7 @@ def test_stacked_conflicts(app: Celery) -> None:
 
 
 def test_lock_arguments_for_one_and_for_several(app: Celery) -> None:
-    from celery_semaphore.locks import lock_kwargs
+    from celery_semaphore.integration.locks import lock_kwargs
 
     @app.task(shared=False)
     @limited(["db", "stripe"], limit=3, queue_limits={"q": 2})

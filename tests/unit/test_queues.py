@@ -12,7 +12,7 @@ from celery import Celery
 from kombu.entity import Exchange as _Exchange
 from kombu.entity import Queue as _Queue
 
-from celery_semaphore.queues import delivery_queue
+from celery_semaphore.integration.queues import delivery_queue
 
 Exchange: Any = _Exchange  # kombu is untyped
 Queue: Any = _Queue

@@ -12,12 +12,12 @@ import pytest
 from celery import Celery
 
 from celery_semaphore import LimitedTask, limited
-from celery_semaphore.config import validate_app_settings
-from celery_semaphore.decorators import spec_of
-from celery_semaphore.keys import SemaphoreKeys
-from celery_semaphore.spec import QUEUE, LimitSpec
-from celery_semaphore.targets import Plan, resolve
-from celery_semaphore.templates import NONE_TEXT
+from celery_semaphore.core.keys import SemaphoreKeys
+from celery_semaphore.integration.config import validate_app_settings
+from celery_semaphore.integration.decorators import spec_of
+from celery_semaphore.integration.spec import QUEUE, LimitSpec
+from celery_semaphore.integration.targets import Plan, resolve
+from celery_semaphore.integration.templates import NONE_TEXT
 
 
 @pytest.fixture

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from celery_semaphore import wakes
+from celery_semaphore.integration import wakes
 
 
 @pytest.mark.parametrize(

@@ -4,9 +4,9 @@
 delivery (acquire, refresh, release, withdraw, give-back, the release for a dead process)
 carries that delivery's claim, and a script refuses to act on a grant held under another
 claim.  The worker's consumer stamps each delivery of a limited task with its claim
-(:data:`CLAIM_KEY`, see :func:`delivery_claim`); the gate, the body's wrapper in the pool and
-the parent's release for a dead child all use that one.  Places in line belong to the
-execution (the ticket): a place handed on to another delivery goes with its claim.
+(see :mod:`.delivery`); the gate, the body's wrapper in the pool and the parent's release for
+a dead child all use that one.  Places in line belong to the execution (the ticket): a place
+handed on to another delivery goes with its claim.
 
 Both public forms, :func:`~celery_semaphore.limited` and
 :class:`~celery_semaphore.LimitedTask`, end up in :func:`run_limited`, which wraps the task body
@@ -14,10 +14,10 @@ Both public forms, :func:`~celery_semaphore.limited` and
 (success, exception, ``self.retry()``, ``Ignore``, ``Reject``, soft time limit, ``SystemExit``
 from a terminate or cold shutdown), unlike ``after_return``, which Celery skips for RETRY,
 IGNORED and REJECTED.  Deaths the child cannot see (hard time limit, SIGKILL, OOM) are handled
-in the parent by :mod:`celery_semaphore.signals`.
+in the parent by :mod:`celery_semaphore.integration.signals`.
 
 In a worker, a limited task normally reaches the body already holding its permit: the worker's
-gate (:mod:`celery_semaphore.gate`) acquired it, holding the task in the consumer while it
+gate (:mod:`.gate`) acquired it, holding the task in the consumer while it
 waited, and passed the grant in the request; the wrapper adopts it (no round trip) and releases
 it in the ``finally``.  A task that did not come through a gate (``semaphore_worker_hold = 0``,
 a pool without an event loop) acquires here, in its slot::
@@ -40,59 +40,46 @@ from __future__ import annotations
 
 import os
 import random
-import socket
 import threading
 import time
-import uuid
-from collections import OrderedDict
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import replace
 from typing import Any, NoReturn, TypeVar
 
 from kombu.utils import json as kombu_json
 
-from . import clock, config, connection, events, logs, queues, restart, targets, wakes, worker_hooks
-from .exceptions import LeaseLost, SemaphoreBackendError, SemaphoreError, SemaphoreTimeout
+from .. import logs
+from ..core import clock
+from ..core.exceptions import LeaseLost, SemaphoreBackendError, SemaphoreError, SemaphoreTimeout
+from ..core.semaphore import Attempt, AttemptStatus, Permit
+from . import config, events, queues, targets
+from .delivery import (
+    GATE_HEADER,
+    HEADER,
+    QUEUE_KEY,
+    WaitState,
+    copy_of_execution,
+    delivery_claim,
+    from_this_worker,
+    host_owner,
+    note_handled,
+)
 from .heartbeat import heartbeat
-from .locks import GroupLock, Lock, adopt, lock_kwargs, member_permits
-from .semaphore import Attempt, AttemptStatus, Permit, Semaphore
+from .locks import (
+    Lock,
+    adopt,
+    emit_waited,
+    lock_for,
+    lock_kwargs,
+    lock_names,
+    lost_at_grant,
+    member_permits,
+    quarantine_guard,
+)
 from .spec import LimitSpec
 
-__all__ = [
-    "CLAIM_KEY",
-    "GATE_HEADER",
-    "HEADER",
-    "QUEUE_KEY",
-    "WaitState",
-    "checkpoint",
-    "client_for",
-    "current_permits",
-    "delivery_claim",
-    "host_owner",
-    "gate_nonce",
-    "handled_here",
-    "lock_for",
-    "note_handled",
-    "push_to_gate",
-    "quarantine_guard",
-    "register_gate",
-    "run_limited",
-    "semaphore_for",
-    "unregister_gate",
-]
+__all__ = ["checkpoint", "current_permits", "release_with_retry", "run_limited"]
 
-HEADER = "semaphore_wait"
-#: the request key in which the worker's consumer tells the body which queue the message came
-#: from (it knows the AMQP consumer tag; a pool process does not); never a message header
-QUEUE_KEY = "semaphore_queue"
-#: the request key in which the worker-side gate hands its grant to the body (never a message
-#: header: the gate strips it from incoming messages)
-GATE_HEADER = "semaphore_gate"
-#: the request key in which the worker's consumer gives each delivery of a limited task its
-#: claim (``{"n": <worker nonce>, "c": <claim>}``): every Redis call made for that delivery,
-#: in the pool or in the consumer, carries it; never a message header (the consumer stamps
-#: it on every limited request, over anything a message brought)
-CLAIM_KEY = "semaphore_claim"
 #: seconds a parked waiter's place outlives its countdown, to cover broker delivery delays
 PLACE_SLACK = 30.0
 #: a parked waiter is re-woken (another copy published) at most this often
@@ -106,262 +93,6 @@ log_release = logs.get("release")
 
 _T = TypeVar("_T")
 _local = threading.local()
-
-_handled_lock = threading.Lock()
-_handled: OrderedDict[str, None] = OrderedDict()
-
-
-def note_handled(token: str) -> None:
-    """Record that this process ran ``token``'s body (and so released it itself)."""
-    with _handled_lock:
-        _handled[token] = None
-        while len(_handled) > 10_000:
-            _handled.popitem(last=False)
-
-
-def handled_here(token: str) -> bool:
-    with _handled_lock:
-        return token in _handled
-
-
-@dataclass(frozen=True)
-class WaitState:
-    """The ``semaphore_wait`` header: how this copy of the task has waited so far."""
-
-    epoch: int = 0
-    waits: int = 0
-    first_wait: float | None = None
-    #: this copy continues a redelivered execution whose permit may still be held by the
-    #: previous delivery (alive past a visibility timeout, or dead until its lease expires)
-    takeover: bool = False
-    #: the partition this execution waits in (fixed at its first attempt)
-    partition: str | None = None
-
-    @classmethod
-    def from_request(cls, request: Any) -> WaitState:
-        headers = getattr(request, "headers", None) or {}
-        raw = headers.get(HEADER) if isinstance(headers, Mapping) else None
-        if raw is None:
-            raw = getattr(request, HEADER, None)
-        return cls.from_headers(raw, request.retries or 0)
-
-    @classmethod
-    def from_headers(cls, raw: Any, retries: int) -> WaitState:
-        """From the ``semaphore_wait`` header's value (``raw``) of an execution with
-        ``retries``; a header from another attempt (the user's ``self.retry()`` copies
-        headers) is void."""
-        if not isinstance(raw, Mapping) or raw.get("r") != retries:
-            return cls()
-        first = raw.get("t0")
-        partition = raw.get("p")
-        return cls(
-            epoch=int(raw.get("e", 0)),
-            waits=int(raw.get("n", 0)),
-            first_wait=float(first) if first is not None else None,
-            takeover=bool(raw.get("o")),
-            partition=partition if isinstance(partition, str) else None,
-        )
-
-    def header(self, retries: int) -> dict[str, Any]:
-        out: dict[str, Any] = {
-            "r": retries,
-            "e": self.epoch,
-            "n": self.waits,
-            "t0": self.first_wait,
-            "o": 1 if self.takeover else 0,
-        }
-        if self.partition is not None:
-            out["p"] = self.partition
-        return out
-
-
-# -- per-process semaphore objects -----------------------------------------------------------
-
-_cache_lock = threading.Lock()
-_clients: dict[tuple[int, str, int], Any] = {}
-#: key -> (semaphore, last use); oldest use first.  Dynamic names ("api:{customer_id}") make
-#: many semaphores: one unused for SEMAPHORE_IDLE seconds (or past SEMAPHORE_CACHE) is dropped
-#: and no longer swept by this process.
-_semaphores: OrderedDict[tuple[Any, ...], tuple[Semaphore, float]] = OrderedDict()
-SEMAPHORE_IDLE = 600.0
-SEMAPHORE_CACHE = 1000
-
-
-def client_for(url: str, conf: Any = None) -> Any:
-    """This process's redis-py client for ``url`` (one connection pool per process), made by
-    :mod:`.connection` with ``conf``'s ``semaphore_redis_cluster`` and ``_options``."""
-    key = (os.getpid(), url, id(conf))
-    with _cache_lock:
-        client = _clients.get(key)
-        if client is None:
-            if conf is None:
-                client = connection.redis_client(url)
-            else:
-                s = config.redis_settings(conf)
-                client = connection.redis_client(s.url, cluster=s.cluster, options=s.options)
-            _clients[key] = client
-        return client
-
-
-def semaphore_for(app: Any, name: str, limit: int, lease_ttl: float) -> Semaphore:
-    """The (cached) Semaphore for ``name`` under ``app``'s settings, in this process."""
-    conf = app.conf
-    url = config.redis_url_for(conf)
-    prefix = config.setting(conf, "semaphore_key_prefix", "celery_semaphore")
-    hash_tag = config.setting(conf, "semaphore_hash_tag", None)
-    key = (os.getpid(), url, prefix, hash_tag, name, limit, lease_ttl, id(app))
-    now = clock.monotonic()
-    with _cache_lock:
-        found = _semaphores.get(key)
-        if found is not None:
-            _semaphores[key] = (found[0], now)
-            _semaphores.move_to_end(key)
-            return found[0]
-    redispatcher = _Redispatcher(app, name)
-    sem = Semaphore(
-        name,
-        limit,
-        redis=client_for(url, conf),
-        lease_ttl=lease_ttl,
-        key_prefix=prefix,
-        on_wake=redispatcher,
-        hash_tag=hash_tag,
-        on_handoff=redispatcher.handoff,
-    )
-    with _cache_lock:
-        sem = _semaphores.setdefault(key, (sem, now))[0]
-        dropped = []
-        while _semaphores:
-            oldest_key, (oldest, used) = next(iter(_semaphores.items()))
-            if len(_semaphores) <= SEMAPHORE_CACHE and now - used < SEMAPHORE_IDLE:
-                break
-            del _semaphores[oldest_key]
-            dropped.append(oldest)
-    restart.configure(
-        sem,
-        str(conf.get("semaphore_restart_policy", "fail_closed")),
-        conf.get("semaphore_restart_quarantine", None),
-    )
-    for old in dropped:
-        heartbeat.unwatch(old)
-    heartbeat.watch(sem)
-    return sem
-
-
-_groups: OrderedDict[tuple[Any, ...], GroupLock] = OrderedDict()
-
-
-def lock_for(app: Any, plan: targets.Plan, lease_ttl: float) -> Lock:
-    """The lock a call takes: its one semaphore, or a group of all of them (cached)."""
-    members = tuple(
-        (semaphore_for(app, t.name, t.limit, lease_ttl), t.weight) for t in plan.targets
-    )
-    if len(members) == 1:
-        return members[0][0]
-    key = (os.getpid(), members)
-    with _cache_lock:
-        group = _groups.get(key)
-        if group is not None:
-            _groups.move_to_end(key)
-            return group
-    group = GroupLock(members)
-    with _cache_lock:
-        group = _groups.setdefault(key, group)
-        while len(_groups) > SEMAPHORE_CACHE:
-            _groups.popitem(last=False)
-    return group
-
-
-def lock_names(lock: Lock) -> tuple[str, ...]:
-    """The semaphore names a lock covers (events are per semaphore)."""
-    return lock.names if isinstance(lock, GroupLock) else (lock.name,)
-
-
-def emit_waited(
-    lock: Lock, task_id: str | None, task: str, mode: str, position: int | None
-) -> None:
-    """The ``waited`` event, once per semaphore of ``lock`` (ops: events); ``mode``: where
-    the task waits (``held`` by the gate, in its ``slot``, or ``parked``)."""
-    for name in lock_names(lock):
-        events.emit("waited", name=name, task_id=task_id, task=task, mode=mode, position=position)
-
-
-class _Redispatcher:
-    """``on_wake`` for the Celery layer: units were freed for a waiter that is not blocked in
-    this process.  Its wake data says where it waits: ``@<key>``, held by a worker's gate
-    (wake that gate: directly when it runs in this process, else by pushing the ticket onto
-    its wake list); else a parked task's wake copy, published now."""
-
-    def __init__(self, app: Any, name: str) -> None:
-        self.app = app
-        self.name = name  # the semaphore's, for the log
-
-    def __call__(self, ticket: str, data: str) -> None:
-        if data.startswith("@"):
-            key = data[1:]
-            gate = _gates.get(key)
-            if gate is not None and gate.pid == os.getpid():
-                gate.wake(ticket)
-                return
-            push_to_gate(self.app, key, wakes.wake_item(ticket))
-            return
-        from celery.canvas import Signature
-
-        sig = Signature.from_dict(kombu_json.loads(data), app=self.app)  # type: ignore[no-untyped-call]
-        sig.apply_async()
-        log_wait.info(
-            "woken: re-dispatched the parked task now (ticket %s)",
-            ticket,
-            semaphore=self.name,
-            task_id=ticket.rpartition(":")[0],
-        )
-
-    def handoff(self, ticket: str, data: str, fence: int, expires_at: float, claim: str) -> None:
-        """A release granted ``ticket`` its units under ``claim`` (see
-        ``Semaphore(on_handoff=...)``): only a gate's held tasks take handoffs (wake data
-        ``@<key>#handoff``); hand the grant to that gate, directly or through its wake list
-        (see :mod:`.wakes`)."""
-        key = data[1:]
-        gate = _gates.get(key)
-        if gate is not None and gate.pid == os.getpid():
-            gate.handed(ticket, fence, expires_at, claim)
-            return
-        push_to_gate(self.app, key, wakes.handoff_item(ticket, fence, expires_at, claim))
-
-
-def push_to_gate(app: Any, key: str, item: str) -> None:
-    """Append ``item`` to a gate's wake list ``key`` (one round trip), which then lives
-    :data:`GATE_WAKE_TTL` past its last push."""
-    client = client_for(config.redis_url_for(app.conf), app.conf)
-    pipe = client.pipeline(transaction=False)
-    pipe.rpush(key, item)
-    pipe.expire(key, GATE_WAKE_TTL)
-    pipe.execute()
-
-
-# -- the worker-side gate's registry (see celery_semaphore.gate) ------------------------------
-
-#: seconds a gate's wake list outlives its last push (a gate that died leaves nothing behind)
-GATE_WAKE_TTL = 3600
-_gates: dict[str, Any] = {}
-_nonce: str | None = None
-
-
-def gate_nonce() -> str:
-    """This worker's gate nonce: made once in the worker's main process, before the pool
-    forks, so its children share it; a grant is trusted only with this nonce."""
-    global _nonce
-    if _nonce is None:
-        _nonce = uuid.uuid4().hex
-    return _nonce
-
-
-def register_gate(key: str, gate: Any) -> None:
-    _gates[key] = gate
-
-
-def unregister_gate(key: str) -> None:
-    _gates.pop(key, None)
 
 
 # -- helpers for task code --------------------------------------------------------------------
@@ -409,7 +140,6 @@ def run_limited(
     sem = lock_for(app, plan, opts.lease_ttl)
     fair = lock_kwargs(plan)
     weights = {t.name: t.weight for t in plan.targets}
-    in_worker = not (request.called_directly or request.is_eager)
     for target in plan.targets:
         if target.template is not None:  # ops: events, and the registry learns the name
             events.emit(
@@ -420,63 +150,12 @@ def run_limited(
                 limit=target.member.limit,
                 weight=target.weight,
             )
-            if in_worker:
-                worker_hooks.note_dynamic_name(
-                    app,
-                    target.name,
-                    target.template,
-                    task.name,
-                    target.member.limit,
-                    target.weight,
-                    str(request.hostname or ""),
-                )
     owner = host_owner(request.id, task.name, str(request.hostname or ""))
     if directive is not None:
         return _run_gated(task, sem, weights, opts, owner, directive, call, fair, plan.partition)
     if request.called_directly or request.is_eager or not request.id:
         return _run_blocking(task, sem, opts, owner, call, fair, plan.partition)
     return _acquire_and_run(task, sem, opts, owner, call, fair, plan.partition)
-
-
-def host_owner(task_id: str | None, task: str, host: str) -> dict[str, Any]:
-    """The owner metadata of a permit or place: the task, and where it runs (the machine and
-    its PID namespace, so a process is judged dead only by a host that can see it)."""
-    return {
-        "task_id": task_id,
-        "task": task,
-        "host": host,
-        "pid": os.getpid(),
-        "machine": socket.gethostname(),
-        "pidns": _pid_namespace(),
-    }
-
-
-def _pid_namespace() -> str:
-    """This process's PID namespace ('pid:[4026531836]'), '' where /proc does not say."""
-    try:
-        return os.readlink("/proc/self/ns/pid")
-    except OSError:
-        return ""
-
-
-def delivery_claim(request: Any) -> str:
-    """The claim of the delivery ``request`` belongs to: the one the consumer stamped, else
-    (outside a worker: eager, direct calls) a new one."""
-    return stamped_claim(request) or uuid.uuid4().hex
-
-
-def stamped_claim(request: Any) -> str | None:
-    """The claim this worker's consumer stamped on ``request`` (a task's request context, or
-    the worker's ``Request``; see :data:`CLAIM_KEY`), or None: not stamped, or stamped by
-    another worker (a message may carry anything)."""
-    raw = getattr(request, CLAIM_KEY, None)
-    if raw is None:
-        raw = (getattr(request, "request_dict", None) or {}).get(CLAIM_KEY)
-    if isinstance(raw, Mapping) and _nonce is not None and raw.get("n") == _nonce:
-        claim = raw.get("c")
-        if isinstance(claim, str) and claim:
-            return claim
-    return None
 
 
 def _plan(
@@ -508,7 +187,7 @@ def _gate_directive(request: Any) -> Mapping[str, Any] | None:
     """What the worker's gate decided for this execution, if it came through the gate: only
     a directive carrying this worker's nonce and this execution's ticket counts."""
     raw = getattr(request, GATE_HEADER, None)
-    if not isinstance(raw, Mapping) or _nonce is None or raw.get("n") != _nonce:
+    if not from_this_worker(raw):
         return None
     if raw.get("t") != f"{request.id}:{request.retries or 0}":
         return None
@@ -545,7 +224,7 @@ def _run_gated(
     # gate handed this delivery's place over with its claim: a grant a release handed off to
     # it meanwhile is found here as its own.
     first = state.first_wait if state.first_wait is not None else time.time()
-    state = WaitState(state.epoch, state.waits, first, state.takeover, partition)
+    state = replace(state, first_wait=first, partition=partition)
     common = _common(owner, str(directive["c"]), state, opts, fair)
     attempt = _park(task, sem, state, opts, ticket, common, registered=True)
     if attempt.permit is not None:
@@ -570,14 +249,6 @@ def _common(
         "check_done": copy_of_execution(state),
         "lease_ttl": opts.lease_ttl,
     }
-
-
-def copy_of_execution(state: WaitState) -> bool:
-    """Is this delivery a copy of an execution that may have run already (a parked or woken
-    copy, a redelivery)?  Only such a copy is dropped when it finds its ticket done (a
-    tombstone).  A first delivery is a new request, even with a task id used before (an id
-    reused for a later send, ``report-user-42``, runs again)."""
-    return state.epoch > 0 or state.takeover
 
 
 def _run_blocking(
@@ -633,18 +304,8 @@ def _acquire_and_run(
     once, or near the head of the line (``standby``) it waits in the slot up to
     ``wait_timeout``, else it parks."""
     request = task.request
-    state = WaitState.from_request(request)
     redelivered = bool((request.delivery_info or {}).get("redelivered"))
-    if state.first_wait is None or redelivered:
-        # the wait (for max_wait) starts with this first attempt; a redelivery may have to wait
-        # for its previous delivery's permit
-        state = WaitState(
-            state.epoch,
-            state.waits,
-            state.first_wait or time.time(),
-            takeover=state.takeover or redelivered,
-        )
-    state = WaitState(state.epoch, state.waits, state.first_wait, state.takeover, partition)
+    state = WaitState.from_request(request).on_arrival(redelivered, partition)
     ticket = f"{request.id}:{request.retries or 0}"
     # One claim per delivery (stamped by the consumer): a grant is only ever returned again to
     # this delivery (a call re-sent by redis-py, or the gate's handoff to a place it handed
@@ -652,7 +313,7 @@ def _acquire_and_run(
     common = _common(owner, delivery_claim(request), state, opts, fair)
     try:
         quarantine_guard(sem)
-        attempt = sem.try_acquire(ticket, place_ttl=opts.wait_timeout + PLACE_SLACK, **common)
+        attempt = _ask(sem, ticket, state, place_ttl=opts.wait_timeout + PLACE_SLACK, **common)
         standby = opts.standby if opts.standby is not None else sem.limit
         if (
             attempt.status is AttemptStatus.WAITING
@@ -708,40 +369,21 @@ def _acquire_and_run(
     return _drop_duplicate(task, sem, attempt, state)
 
 
-def _members(lock: Lock) -> list[Semaphore]:
-    return [sem for sem, _ in lock.members] if isinstance(lock, GroupLock) else [lock]
-
-
-def quarantined(lock: Lock) -> bool:
-    """Is a semaphore of ``lock`` in quarantine in this process (its state was lost)?"""
-    return any(restart.quarantined(sem) for sem in _members(lock))
-
-
-def quarantine_guard(lock: Lock) -> None:
-    """Raise SemaphoreBackendError (the caller then waits, fail closed) while a semaphore of
-    ``lock`` is in quarantine after its state was lost (see :mod:`celery_semaphore.restart`)."""
-    for sem in _members(lock):
-        left = restart.quarantined(sem)
-        if left:
-            raise SemaphoreBackendError(
-                f"semaphore {sem.name!r}: its state in Redis was lost; no new permit for "
-                f"{left:.1f}s more (semaphore_restart_policy='fail_closed')",
-                name=sem.name,
-            )
-
-
-def lost_at_grant(lock: Lock, permit: Permit) -> bool:
-    """Was this new grant made on a state that was lost (any member's, for a group)?"""
-    fences = [p.fencing_token for p in member_permits(permit)]
-    # no short cut: every member notes the fencing token it saw
-    lost = [restart.lost_at_grant(sem, f) for sem, f in zip(_members(lock), fences, strict=True)]
-    return any(lost)
-
-
-def lost_at_fence(lock: Lock, fence: int) -> bool:
-    """:func:`lost_at_grant` for a grant of one semaphore known by its fencing token (a
-    handoff; a group's grants are never handed off)."""
-    return isinstance(lock, Semaphore) and restart.lost_at_grant(lock, fence)
+def _ask(sem: Lock, ticket: str, state: WaitState, **kwargs: Any) -> Attempt:
+    """``try_acquire`` for a copy of an execution; when the ticket is held under the claim of
+    the delivery that parked this copy (see :attr:`WaitState.claim_before`), that grant was
+    handed off to a place nobody holds any more: give it back and ask again."""
+    attempt = sem.try_acquire(ticket, **kwargs)
+    if attempt.status is not AttemptStatus.HELD_ELSEWHERE or state.claim_before is None:
+        return attempt
+    if not sem.release_token(ticket, claim=state.claim_before, tombstone_ttl=0, timed=False):
+        return attempt  # held under a claim of another live copy: a duplicate
+    log_acquire.info(
+        "gave back a grant made to this task's place after its previous copy parked",
+        semaphore=sem.name,
+        task_id=ticket.rpartition(":")[0],
+    )
+    return sem.try_acquire(ticket, **kwargs)
 
 
 def _check_grant(lock: Lock, attempt: Attempt, ticket: str, claim: str) -> None:
@@ -853,7 +495,11 @@ def _park(
         countdown = min(countdown, max(0.0, opts.max_wait - waited) + 0.05)
     retries = request.retries or 0
     epoch = state.epoch + 1
-    later = WaitState(epoch, state.waits + 1, first, state.takeover, state.partition)
+    # the copy knows this delivery's claim: a handoff made to the place under it after this
+    # copy left (its place could not be told while Redis failed) is the copy's to take back
+    later = replace(
+        state, epoch=epoch, waits=state.waits + 1, first_wait=first, claim_before=common["claim"]
+    )
     headers = {
         k: v for k, v in dict(request.headers or {}).items() if k not in (HEADER, GATE_HEADER)
     }
@@ -863,8 +509,10 @@ def _park(
         wake_data = _wake_data(task, request, headers, {**later.header(retries), "w": 1})
         try:
             quarantine_guard(sem)
-            attempt = sem.try_acquire(
+            attempt = _ask(
+                sem,
                 ticket,
+                state,
                 place_ttl=countdown + max(PLACE_SLACK, opts.lease_ttl),
                 wake_data=wake_data,
                 wake_grace=PARKED_WAKE_GRACE,

@@ -2,7 +2,7 @@
 
 * ``worker_init`` (main process, every pool): validate every ``semaphore_*`` setting; an invalid
   one stops the worker with a message naming the setting.  Then install the gate
-  (:mod:`celery_semaphore.gate`) when the app has limited tasks.
+  (:mod:`celery_semaphore.integration.gate`) when the app has limited tasks.
 * ``task_failure`` and ``task_revoked`` in the process that did *not* run the body (the prefork
   parent, after a hard time limit, a SIGKILL or OOM of the child, or a terminate): release the
   dead execution's permit at once, found by its token (``<task id>:<retries>``) and the claim
@@ -16,18 +16,35 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from typing import Any
 
 from celery import signals
 from celery.exceptions import TimeLimitExceeded
 
-from . import children, config, connection, events, logs, targets, worker_hooks
+from .. import logs
+from ..core import connection
+from ..core.exceptions import SemaphoreError
+from . import children, config, events, targets
 from .decorators import spec_of
-from .exceptions import SemaphoreError
-from .runtime import handled_here, lock_for, lock_names, stamped_claim
+from .delivery import handled_here, stamped_claim
+from .locks import lock_for, lock_names
 from .spec import Member
 
-__all__ = ["connect"]
+__all__ = ["WorkerStartHook", "connect", "on_worker_start"]
+
+#: ``hook(app, worker)``, run in the worker's main process at ``worker_init``, after the
+#: settings were checked; a TypeError or ValueError it raises stops the worker like an invalid
+#: setting (the ops layer records the semaphores and starts the metrics this way)
+WorkerStartHook = Callable[[Any, Any], None]
+_start_hooks: list[WorkerStartHook] = []
+
+
+def on_worker_start(hook: WorkerStartHook) -> None:
+    """Run ``hook(app, worker)`` when a worker with limited tasks starts (idempotent)."""
+    if hook not in _start_hooks:
+        _start_hooks.append(hook)
+
 
 log = logs.get("release")
 log_config = logs.get("config")
@@ -50,7 +67,8 @@ def _on_worker_init(sender: Any = None, **_: Any) -> None:
             config.resolve(app.conf, spec.options)  # task options with app settings
             for member in spec.members:
                 _check_member(app.conf, task_name, member)
-        worker_hooks.on_worker_init(app, sender)  # ops: registry and metrics
+        for hook in list(_start_hooks):  # ops: registry and metrics
+            hook(app, sender)
     except (TypeError, ValueError) as exc:
         log_config.critical(
             "celery-semaphore: invalid configuration: %s", exc, semaphore=None, task_id=None

@@ -16,7 +16,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from . import _validate, config
+from ..core import _validate
+from . import config
 from .spec import LimitSpec, Member, _Queue
 from .templates import Template, call_arguments
 

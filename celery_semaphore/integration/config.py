@@ -24,8 +24,8 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
-from . import _validate, connection
-from .keys import validate_prefix
+from ..core import _validate, connection
+from ..core.keys import validate_prefix
 
 __all__ = [
     "APP_SETTINGS",
@@ -614,7 +614,7 @@ _TRANSPORT_OPTIONS = {
 
 @dataclass(frozen=True)
 class RedisSettings:
-    """Everything :func:`celery_semaphore.connection.redis_client` needs, checked."""
+    """Everything :func:`celery_semaphore.core.connection.redis_client` needs, checked."""
 
     url: str
     cluster: bool

@@ -7,9 +7,9 @@ Two kinds, read two ways:
   :class:`SemaphoreCollector`.  They are right whichever process serves them, so they need no
   multiprocess care; every exporter reports the same values (aggregate them with ``max``).
 * **Counters and histograms of what happened** (acquired, waits, time-outs, lost leases,
-  reclaimed permits; wait and hold time) are counted where it happened, in the process that ran
-  the task, from :mod:`celery_semaphore.events`.  On the prefork pool that is a child process,
-  so they use prometheus_client's multiprocess mode (``PROMETHEUS_MULTIPROC_DIR``): each
+  reclaimed permits; wait and hold time) are counted where it happened, in the process that
+  ran the task, from :mod:`~celery_semaphore.integration.events`.  On the prefork pool that is
+  a child process, so they use prometheus_client's multiprocess mode (``PROMETHEUS_MULTIPROC_DIR``): each
   child writes its own file, and the exporter adds them up.
 
 Running the exporter: set ``semaphore_metrics_port`` (and ``semaphore_metrics_address``) and
@@ -18,7 +18,7 @@ every worker serves ``/metrics`` from its main process, creating a fresh
 ``celery -A proj semaphore metrics --port 9808`` beside the workers (gauges only, plus the
 counters of workers that share its ``PROMETHEUS_MULTIPROC_DIR``).  For your own exporter::
 
-    from celery_semaphore import metrics
+    from celery_semaphore.ops import metrics
 
     metrics.enable()                                        # count events in this process
     REGISTRY.register(metrics.SemaphoreCollector(app))      # and read the gauges from Redis
@@ -44,7 +44,8 @@ except ImportError as exc:  # pragma: no cover - depends on the installed extras
         "pip install 'celery-semaphore[prometheus]'"
     ) from exc
 
-from . import events, logs
+from .. import logs
+from ..integration import events
 
 __all__ = [
     "HOLD_BUCKETS",
@@ -74,7 +75,7 @@ def multiprocess_dir() -> str | None:
 
 
 class EventMetrics:
-    """Counters and histograms fed by :mod:`celery_semaphore.events` in this process."""
+    """Counters and histograms fed by :mod:`celery_semaphore.integration.events` in this process."""
 
     def __init__(self) -> None:
         from prometheus_client import Counter, Histogram
@@ -178,7 +179,7 @@ class SemaphoreCollector(Collector):
     """
 
     def __init__(self, app: Any, *, scan: bool = False) -> None:
-        from .config import redis_settings
+        from ..integration.config import redis_settings
 
         self.app = app
         self.scan = scan
@@ -196,7 +197,7 @@ class SemaphoreCollector(Collector):
 
     def _redis(self) -> Any:
         if self._client is None:
-            from .connection import redis_client
+            from ..core.connection import redis_client
 
             self._client = redis_client(
                 self.url,

@@ -10,7 +10,7 @@
 
 ::
 
-    from celery_semaphore.testing import redis_server
+    from celery_semaphore.ops.testing import redis_server
 
     with redis_server() as server:
         sem = Semaphore("x", 2, redis=server.url(db=0))

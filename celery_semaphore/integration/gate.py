@@ -31,7 +31,7 @@ broker never redelivers a message the gate still holds.
 
 When the gate is not installed (``semaphore_worker_hold = 0``, or a broker transport without an
 event loop on a non-green pool), the task body's wrapper acquires by itself (see
-:mod:`celery_semaphore.runtime`).
+:mod:`celery_semaphore.integration.body`).
 """
 
 from __future__ import annotations
@@ -49,31 +49,36 @@ from celery import bootsteps
 from celery.exceptions import WorkerLostError
 from redis.exceptions import ResponseError
 
-from . import children, clock, config, events, logs, queues, targets, wakes
-from .exceptions import SemaphoreError
-from .keys import node_wake_key
-from .locks import Lock, grant_of, lock_kwargs
-from .runtime import (
+from .. import logs
+from ..core import clock
+from ..core.exceptions import SemaphoreError
+from ..core.keys import node_wake_key
+from ..core.semaphore import HANDOFF_MARK, AttemptStatus, Semaphore
+from . import children, config, events, queues, targets, wakes
+from .clients import client_for
+from .delivery import (
     CLAIM_KEY,
     GATE_HEADER,
     HEADER,
     QUEUE_KEY,
     WaitState,
     copy_of_execution,
-    emit_waited,
     gate_nonce,
     host_owner,
+    stamp_claim,
+    stamped_claim,
+)
+from .locks import (
+    Lock,
+    emit_waited,
+    grant_of,
     lock_for,
+    lock_kwargs,
     lock_names,
     lost_at_fence,
     lost_at_grant,
-    push_to_gate,
     quarantined,
-    register_gate,
-    stamped_claim,
-    unregister_gate,
 )
-from .semaphore import HANDOFF_MARK, AttemptStatus, Semaphore
 from .spec import LimitSpec
 
 __all__ = ["MAX_HOLD", "Gate", "GateStep", "install"]
@@ -202,8 +207,8 @@ class Gate:
 
     def start(self) -> None:
         self._stop.clear()
-        register_gate(self.key, self)
-        register_gate(self.handoff_key, self)
+        wakes.register(self.key, self)
+        wakes.register(self.handoff_key, self)
         self._thread = threading.Thread(target=self._run, name="celery-semaphore-gate", daemon=True)
         self._thread.start()
         self._arrivals_thread = threading.Thread(
@@ -222,8 +227,8 @@ class Gate:
         task as it stopped, and the places of tasks that left the gate for the pool (to park)
         but never reached it go too."""
         self._stop.set()
-        unregister_gate(self.key)
-        unregister_gate(self.handoff_key)
+        wakes.unregister(self.key)
+        wakes.unregister(self.handoff_key)
         with self._arrived:
             self._arrived.notify_all()
         self._interrupt_wait()
@@ -268,7 +273,7 @@ class Gate:
         its own list (read as a wake-up for no ticket), so the worker stops up to a tick
         sooner.  Best effort: without it the pop still ends within ``TICK``."""
         try:
-            push_to_gate(self.app, self.key, "")
+            wakes.push(self.app, self.key, "")
         except Exception as exc:  # Redis down, or no client: the tick ends the wait
             log.debug("could not interrupt the gate's wait: %s", exc, semaphore=None, task_id=None)
 
@@ -334,13 +339,7 @@ class Gate:
         )
         sem = lock_for(self.app, plan, opts.lease_ttl)
         redelivered = bool((req.delivery_info or {}).get("redelivered"))
-        state = WaitState(
-            state.epoch,
-            state.waits,
-            state.first_wait or time.time(),
-            takeover=state.takeover or redelivered,
-            partition=plan.partition,
-        )
+        state = state.on_arrival(redelivered, plan.partition)
         ticket = f"{req.id}:{retries}"
         # one claim per delivery, stamped on the request: the gate's calls, the body's in the
         # pool and a release for a dead child all carry it; another delivery of the same
@@ -829,8 +828,6 @@ class Gate:
             self._release(entry, "the process running it died", tombstone_ttl=0, timed=True)
 
     def _client(self) -> Any:
-        from .runtime import client_for
-
         return client_for(config.redis_url_for(self.app.conf), self.app.conf)
 
     def _take_wakes(self, client: Any, wait: float) -> list[str]:
@@ -1044,7 +1041,7 @@ def stamp_delivery(req: Any, app: Any, consumer: Any) -> None:
     anything the message brought, and the queue it was delivered from (see
     :data:`QUEUE_KEY`: only the consumer can map the message's AMQP consumer tag to its
     queue)."""
-    req.request_dict[CLAIM_KEY] = {"n": gate_nonce(), "c": uuid.uuid4().hex}
+    stamp_claim(req.request_dict)
     message = getattr(req, "message", None)
     info = getattr(message, "delivery_info", None) or req.delivery_info
     req.request_dict[QUEUE_KEY] = queues.delivery_queue(app, info, consumer) or ""

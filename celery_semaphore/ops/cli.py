@@ -57,7 +57,7 @@ def _handle_errors(fn: _F) -> _F:
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         from redis.exceptions import RedisError
 
-        from .exceptions import SemaphoreError
+        from ..core.exceptions import SemaphoreError
 
         try:
             return fn(*args, **kwargs)
@@ -83,8 +83,8 @@ class _Ops:
         self._client: Any = None
         self._semaphores: dict[tuple[str, int | None], Any] = {}
         self.url = ""
-        from .config import redis_settings
-        from .keys import validate_prefix
+        from ..core.keys import validate_prefix
+        from ..integration.config import redis_settings
 
         try:
             self.redis = redis_settings(app.conf)
@@ -98,7 +98,7 @@ class _Ops:
         if self._client is None:
             from redis.exceptions import RedisError
 
-            from .connection import redis_client
+            from ..core.connection import redis_client
 
             try:
                 client = redis_client(
@@ -125,7 +125,7 @@ class _Ops:
 
     def entry(self, name: str) -> Any:
         """The Known entry for ``name``; exit 1 when no source knows it."""
-        from .keys import SemaphoreKeys
+        from ..core.keys import SemaphoreKeys
         from .registry import Known
 
         entries = self.known(scan=False)
@@ -154,7 +154,7 @@ class _Ops:
 
 def _safe_url(url: str) -> str:
     """The URL without its password."""
-    from .connection import safe_url
+    from ..core.connection import safe_url
 
     return safe_url(url)
 

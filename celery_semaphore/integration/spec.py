@@ -12,7 +12,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from . import _validate, config
+from ..core import _validate
+from . import config
 from .templates import ArgsFn, Template, parameters
 
 __all__ = ["QUEUE", "LimitSpec", "Member", "PartitionRule"]

@@ -1,6 +1,7 @@
-"""What the ops layer does when a worker starts (called from :mod:`celery_semaphore.signals`).
+"""What the ops layer does when a worker starts: a worker-start hook of the Celery layer
+(:func:`celery_semaphore.integration.signals.on_worker_start`, installed by :func:`install`).
 
-* Record the worker's limited tasks in the registry (:mod:`celery_semaphore.registry`), so
+* Record the worker's limited tasks in the registry (:mod:`celery_semaphore.ops.registry`), so
   ``celery semaphore list`` and the metrics know every semaphore in use.  Best effort: a Redis
   that is down at start is logged, and the worker starts anyway.
 * With ``semaphore_metrics_port`` set: count events in this process and its pool children,
@@ -19,26 +20,50 @@ import sys
 import tempfile
 from typing import Any
 
-from . import logs
+from .. import logs
+from ..integration import events
 
-__all__ = ["note_dynamic_name", "on_worker_init"]
+__all__ = ["install", "note_dynamic_name", "on_worker_init"]
 
 log = logs.get("registry")
 log_metrics = logs.get("metrics")
 
 
+def install() -> None:
+    """Run :func:`on_worker_init` when a worker starts (idempotent)."""
+    from ..integration.signals import on_worker_start
+
+    on_worker_start(on_worker_init)
+
+
 def on_worker_init(app: Any, worker: Any = None) -> None:
-    """Record the semaphores and set up metrics; raise ValueError for a configuration that
-    cannot work (the metrics extra missing)."""
+    """Record the semaphores, and from now on each name made from a task's arguments (the
+    ``used`` event); set up metrics; raise ValueError for a configuration that cannot work
+    (the metrics extra missing)."""
     port = app.conf.get("semaphore_metrics_port", None)
     if port is not None:
         _prepare_metrics(app, port, str(app.conf.get("semaphore_metrics_address", "0.0.0.0")))
     _record(app, worker)
+    global _worker
+    _worker = (app, str(getattr(worker, "hostname", "") or ""))
+    events.subscribe(_on_event)
+
+
+#: the app and node name of the worker this process belongs to (the last to start in it)
+_worker: tuple[Any, str] | None = None
+
+
+def _on_event(kind: str, fields: dict[str, Any]) -> None:
+    if kind == "used" and _worker is not None:
+        app, node = _worker
+        name, template, task = fields["name"], fields["template"], fields["task"]
+        note_dynamic_name(app, name, template, task, fields["limit"], fields["weight"], node)
 
 
 def _record(app: Any, worker: Any) -> None:
-    from . import config, registry
-    from .connection import redis_client
+    from ..core.connection import redis_client
+    from ..integration import config
+    from . import registry
 
     try:
         uses = registry.app_uses(app)
@@ -67,8 +92,9 @@ def note_dynamic_name(
     """Record a semaphore name made from a task's arguments (``template``) in the registry,
     the first time this process uses it (called by the task's wrapper in a worker), so
     ``celery semaphore list`` shows it.  Best effort: a failure is logged at DEBUG."""
-    from . import config, registry
-    from .runtime import client_for
+    from ..integration import config
+    from ..integration.clients import client_for
+    from . import registry
 
     use = registry.TaskUse(name, task, limit, weight, template=template)
     prefix = app.conf.get("semaphore_key_prefix", "celery_semaphore")

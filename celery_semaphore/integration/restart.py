@@ -26,8 +26,9 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-from . import clock, logs
-from .semaphore import Semaphore
+from .. import logs
+from ..core import clock
+from ..core.semaphore import Semaphore
 
 __all__ = ["POLICIES", "configure", "detect", "lost_at_grant", "quarantined", "recently_lost"]
 

@@ -113,7 +113,7 @@ class Known:
 
 def app_uses(app: Any) -> list[TaskUse]:
     """The limited tasks the app has registered (after importing its task modules)."""
-    from .decorators import spec_of
+    from ..integration.decorators import spec_of
 
     # an operator tool still works from the registry when a task module fails to import
     with contextlib.suppress(Exception):
@@ -129,7 +129,7 @@ def app_uses(app: Any) -> list[TaskUse]:
 
 def app_limits(app: Any) -> dict[str, int]:
     """``semaphore_limits`` of the app (validated), or an empty dict."""
-    from .config import APP_SETTINGS
+    from ..integration.config import APP_SETTINGS
 
     check = APP_SETTINGS["semaphore_limits"][1]
     limits = check("semaphore_limits", app.conf.get("semaphore_limits", None))

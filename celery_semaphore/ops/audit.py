@@ -19,7 +19,7 @@ import socket
 import time
 from typing import Any
 
-from . import logs
+from .. import logs
 
 __all__ = ["MAX_ENTRIES", "audit_key", "operator", "read", "record"]
 

@@ -32,7 +32,7 @@ def source(operation: str) -> str:
     """The full text of one script: the prelude, then the operation."""
     if operation not in OPERATIONS:
         raise ValueError(f"unknown script {operation!r}; known: {', '.join(OPERATIONS)}")
-    pkg = files("celery_semaphore") / "scripts"
+    pkg = files("celery_semaphore.core") / "scripts"
     prelude = (pkg / "_lib.lua").read_text(encoding="utf-8")
     body = (pkg / f"{operation}.lua").read_text(encoding="utf-8")
     return f"{prelude}\n{body}"

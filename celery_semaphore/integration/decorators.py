@@ -25,7 +25,7 @@ import inspect
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
-from .runtime import run_limited
+from .body import run_limited
 from .spec import LimitSpec
 
 __all__ = ["SPEC_ATTR", "limited", "spec_of"]
@@ -41,7 +41,7 @@ def limited(
 ) -> Callable[[_F], _F]:
     """Limit the decorated task to ``limit`` concurrent bodies (``weight`` units each) of the
     semaphore ``name``.  ``options`` are task options from the settings table
-    (:mod:`celery_semaphore.config`) plus ``weight``, ``partition``, ``queue_limits`` and
+    (:mod:`.config`) plus ``weight``, ``partition``, ``queue_limits`` and
     ``queue_weights``; unknown or invalid ones raise here, at import time.
 
     ``name`` may be a list: the task takes every one of those semaphores at once, all or

@@ -26,9 +26,11 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from . import clock, events, logs, restart
-from .group import GroupPermit
-from .semaphore import Permit, Semaphore
+from .. import logs
+from ..core import clock
+from ..core.group import GroupPermit
+from ..core.semaphore import Permit, Semaphore
+from . import events, restart
 
 __all__ = ["Heartbeat", "heartbeat"]
 
@@ -209,7 +211,7 @@ class Heartbeat:
 
     def _reassert(self, entry: _Entry) -> bool:
         """Acquire a running body's own token again after its semaphore's state was lost (see
-        :mod:`celery_semaphore.restart`); True when it holds its permit again."""
+        :mod:`celery_semaphore.integration.restart`); True when it holds its permit again."""
         permit = entry.permit
         if permit.released or isinstance(permit, GroupPermit):
             return False  # a group's grant is not re-asserted: it is reported lost

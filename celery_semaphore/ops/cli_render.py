@@ -1,4 +1,4 @@
-"""Text rendering of :mod:`celery_semaphore.views` dicts for ``celery semaphore``."""
+"""Text rendering of :mod:`celery_semaphore.ops.views` dicts for ``celery semaphore``."""
 
 from __future__ import annotations
 

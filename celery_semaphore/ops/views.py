@@ -1,7 +1,7 @@
 """What the operator tools show: a semaphore's state as plain, JSON-ready dicts.
 
-The CLI (:mod:`celery_semaphore.cli`) renders these as text or prints them with ``--json``;
-the metrics collector (:mod:`celery_semaphore.metrics`) reads the same summaries.  Everything
+The CLI (:mod:`celery_semaphore.ops.cli`) renders these as text or prints them with ``--json``;
+the metrics collector (:mod:`celery_semaphore.ops.metrics`) reads the same summaries.  Everything
 is read through the core's public inspection API (:meth:`Semaphore.inspect`), one round trip
 per semaphore, on the Redis server's clock.
 
@@ -16,8 +16,8 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
+from ..core.semaphore import HolderInfo, Semaphore, Snapshot, WaiterInfo
 from .registry import Known
-from .semaphore import HolderInfo, Semaphore, Snapshot, WaiterInfo
 
 __all__ = [
     "detail",

@@ -371,7 +371,7 @@ def check(url: str, *, cluster: bool = False, options: Mapping[str, Any] | None 
     """
     from redis.exceptions import RedisError
 
-    from . import logs
+    from .. import logs
 
     log = logs.get("config")
     client: Any = None

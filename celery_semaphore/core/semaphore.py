@@ -39,7 +39,8 @@ from typing import Any, TypeVar
 import redis as redis_lib
 from redis.exceptions import RedisError, ResponseError
 
-from . import _validate, clock, connection, logs
+from .. import logs
+from . import _validate, clock, connection
 from ._scripts import ScriptSet
 from .exceptions import (
     SemaphoreBackendError,
@@ -313,7 +314,7 @@ class Semaphore:
         data) that units were freed for; blocked waiters are woken without it.
     :param on_handoff: with ``on_wake``: this semaphore's releases grant the freed units
         straight to the parked waiters that take handoffs (wake data ending with
-        :data:`~celery_semaphore.semaphore.HANDOFF_MARK`, and ``owner["claim"]``: the claim
+        :data:`~celery_semaphore.core.semaphore.HANDOFF_MARK`, and ``owner["claim"]``: the claim
         of the grant; its lease is ``owner["lease_ms"]`` if that is a number of ms, else
         ``lease_ttl``) and call ``on_handoff(ticket, data, fencing_token, lease_expires_at,
         claim)`` for each (expiry in server epoch seconds; ``claim``: the one the grant was made

@@ -2,9 +2,9 @@
 
 The Celery layer calls :func:`emit` at a few points of a limited task's life; anything in the
 same process can :func:`subscribe` to them (the Prometheus metrics of
-:mod:`celery_semaphore.metrics` do)::
+:mod:`celery_semaphore.ops.metrics` do)::
 
-    from celery_semaphore import events
+    from celery_semaphore.integration import events
 
     def on_event(kind: str, fields: dict) -> None:
         if kind == "timed_out":
@@ -50,7 +50,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from . import logs
+from .. import logs
 
 __all__ = ["KINDS", "Subscriber", "emit", "subscribe", "subscribed", "unsubscribe"]
 

@@ -14,7 +14,7 @@ or as ``base=``, with the attributes as task options::
     def transcode(video_id): ...
 
 Class attributes (each ``semaphore_<option>`` accepts the task options of
-:mod:`celery_semaphore.config`):
+:mod:`celery_semaphore.integration.config`):
 
 * ``semaphore_name`` (str, required) and ``semaphore_limit`` (int >= 1, required);
 * ``semaphore_weight`` (int, or a callable of the bound arguments; default 1): units each run
@@ -37,9 +37,9 @@ from typing import Any, ClassVar
 
 from celery import Task
 
+from .body import run_limited
 from .config import OPTIONS, SPEC_OPTIONS
 from .decorators import SPEC_ATTR
-from .runtime import run_limited
 from .spec import QUEUE, LimitSpec
 
 __all__ = ["LimitedTask"]

@@ -17,7 +17,7 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 
-from . import clock
+from ..core import clock
 
 __all__ = ["EXIT_WAIT", "after_exit", "alive", "pool_children"]
 

@@ -1,0 +1,222 @@
+"""A delivery of a limited task: one message reaching one worker, and what travels with it.
+
+Several deliveries of one execution (ticket ``<task id>:<retries>``) can exist at once: the
+message held by a worker's gate, a copy parked with a countdown, a copy woken by a release, a
+redelivery after a lost worker or a ``visibility_timeout``, a second message reusing the task
+id.  Each delivery has its own **claim**, given by the worker's consumer as it receives the
+message (:func:`stamp_claim`), and every Redis call made for it carries that claim (see the
+invariant in :mod:`celery_semaphore.integration.body`).
+
+The request keys below travel from the consumer to the body in the request itself, never as
+message headers (the consumer overwrites whatever a message brought), except
+:data:`HEADER`, the wait state a parked copy carries in its message.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+import time
+import uuid
+from collections import OrderedDict
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from typing import Any, TypeGuard
+
+__all__ = [
+    "CLAIM_KEY",
+    "GATE_HEADER",
+    "HEADER",
+    "QUEUE_KEY",
+    "WaitState",
+    "copy_of_execution",
+    "delivery_claim",
+    "from_this_worker",
+    "gate_nonce",
+    "handled_here",
+    "host_owner",
+    "note_handled",
+    "stamp_claim",
+    "stamped_claim",
+]
+
+#: the message header of a parked copy: how its execution has waited so far (see WaitState)
+
+HEADER = "semaphore_wait"
+
+#: the request key in which the worker's consumer tells the body which queue the message came
+#: from (it knows the AMQP consumer tag; a pool process does not); never a message header
+QUEUE_KEY = "semaphore_queue"
+
+#: the request key in which the worker-side gate hands its grant to the body (never a message
+#: header: the gate strips it from incoming messages)
+GATE_HEADER = "semaphore_gate"
+
+#: the request key in which the worker's consumer gives each delivery of a limited task its
+#: claim (``{"n": <worker nonce>, "c": <claim>}``): every Redis call made for that delivery,
+#: in the pool or in the consumer, carries it; never a message header (the consumer stamps
+#: it on every limited request, over anything a message brought)
+CLAIM_KEY = "semaphore_claim"
+
+_handled_lock = threading.Lock()
+
+_handled: OrderedDict[str, None] = OrderedDict()
+
+
+def note_handled(token: str) -> None:
+    """Record that this process ran ``token``'s body (and so released it itself)."""
+    with _handled_lock:
+        _handled[token] = None
+        while len(_handled) > 10_000:
+            _handled.popitem(last=False)
+
+
+def handled_here(token: str) -> bool:
+    with _handled_lock:
+        return token in _handled
+
+
+@dataclass(frozen=True)
+class WaitState:
+    """The ``semaphore_wait`` header: how this copy of the task has waited so far."""
+
+    epoch: int = 0
+    waits: int = 0
+    first_wait: float | None = None
+    #: this copy continues a redelivered execution whose permit may still be held by the
+    #: previous delivery (alive past a visibility timeout, or dead until its lease expires)
+    takeover: bool = False
+    #: the partition this execution waits in (fixed at its first attempt)
+    partition: str | None = None
+    #: the claim of the delivery that parked this copy: a grant a release handed off to the
+    #: place under that claim after it parked (while Redis failed, the place could not be
+    #: told) belongs to nobody, and this copy takes it back (see body._claim_handed_place)
+    claim_before: str | None = None
+
+    def on_arrival(self, redelivered: bool, partition: str | None) -> WaitState:
+        """This state, as a delivery arriving now sees it: the wait (for ``max_wait``) starts
+        at the first attempt, a redelivery may have to take over its previous delivery's
+        permit, and the partition is the execution's."""
+        return replace(
+            self,
+            first_wait=self.first_wait or time.time(),
+            takeover=self.takeover or redelivered,
+            partition=partition,
+        )
+
+    @classmethod
+    def from_request(cls, request: Any) -> WaitState:
+        headers = getattr(request, "headers", None) or {}
+        raw = headers.get(HEADER) if isinstance(headers, Mapping) else None
+        if raw is None:
+            raw = getattr(request, HEADER, None)
+        return cls.from_headers(raw, request.retries or 0)
+
+    @classmethod
+    def from_headers(cls, raw: Any, retries: int) -> WaitState:
+        """From the ``semaphore_wait`` header's value (``raw``) of an execution with
+        ``retries``; a header from another attempt (the user's ``self.retry()`` copies
+        headers) is void."""
+        if not isinstance(raw, Mapping) or raw.get("r") != retries:
+            return cls()
+        first = raw.get("t0")
+        partition = raw.get("p")
+        before = raw.get("pc")
+        return cls(
+            epoch=int(raw.get("e", 0)),
+            waits=int(raw.get("n", 0)),
+            first_wait=float(first) if first is not None else None,
+            takeover=bool(raw.get("o")),
+            partition=partition if isinstance(partition, str) else None,
+            claim_before=before if isinstance(before, str) and before else None,
+        )
+
+    def header(self, retries: int) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "r": retries,
+            "e": self.epoch,
+            "n": self.waits,
+            "t0": self.first_wait,
+            "o": 1 if self.takeover else 0,
+        }
+        if self.partition is not None:
+            out["p"] = self.partition
+        if self.claim_before is not None:
+            out["pc"] = self.claim_before
+        return out
+
+
+_nonce: str | None = None
+
+
+def gate_nonce() -> str:
+    """This worker's gate nonce: made once in the worker's main process, before the pool
+    forks, so its children share it; a grant is trusted only with this nonce."""
+    global _nonce
+    if _nonce is None:
+        _nonce = uuid.uuid4().hex
+    return _nonce
+
+
+def host_owner(task_id: str | None, task: str, host: str) -> dict[str, Any]:
+    """The owner metadata of a permit or place: the task, and where it runs (the machine and
+    its PID namespace, so a process is judged dead only by a host that can see it)."""
+    return {
+        "task_id": task_id,
+        "task": task,
+        "host": host,
+        "pid": os.getpid(),
+        "machine": socket.gethostname(),
+        "pidns": _pid_namespace(),
+    }
+
+
+def _pid_namespace() -> str:
+    """This process's PID namespace ('pid:[4026531836]'), '' where /proc does not say."""
+    try:
+        return os.readlink("/proc/self/ns/pid")
+    except OSError:
+        return ""
+
+
+def delivery_claim(request: Any) -> str:
+    """The claim of the delivery ``request`` belongs to: the one the consumer stamped, else
+    (outside a worker: eager, direct calls) a new one."""
+    return stamped_claim(request) or uuid.uuid4().hex
+
+
+def stamp_claim(request_dict: dict[str, Any]) -> str:
+    """Give a delivery its claim, in the consumer as it receives the message (over anything
+    the message brought); returns it."""
+    claim = uuid.uuid4().hex
+    request_dict[CLAIM_KEY] = {"n": gate_nonce(), "c": claim}
+    return claim
+
+
+def from_this_worker(raw: Any) -> TypeGuard[Mapping[str, Any]]:
+    """Was ``raw`` (a claim stamp, or the gate's directive) made by this worker?  Only such a
+    value counts: a message may carry anything."""
+    return isinstance(raw, Mapping) and _nonce is not None and raw.get("n") == _nonce
+
+
+def stamped_claim(request: Any) -> str | None:
+    """The claim this worker's consumer stamped on ``request`` (a task's request context, or
+    the worker's ``Request``; see :data:`CLAIM_KEY`), or None: not stamped, or stamped by
+    another worker."""
+    raw = getattr(request, CLAIM_KEY, None)
+    if raw is None:
+        raw = (getattr(request, "request_dict", None) or {}).get(CLAIM_KEY)
+    if from_this_worker(raw):
+        claim = raw.get("c")
+        if isinstance(claim, str) and claim:
+            return claim
+    return None
+
+
+def copy_of_execution(state: WaitState) -> bool:
+    """Is this delivery a copy of an execution that may have run already (a parked or woken
+    copy, a redelivery)?  Only such a copy is dropped when it finds its ticket done (a
+    tombstone).  A first delivery is a new request, even with a task id used before (an id
+    reused for a later send, ``report-user-42``, runs again)."""
+    return state.epoch > 0 or state.takeover

@@ -1,0 +1,170 @@
+"""The items on a worker gate's wake list, each tagged with its kind.
+
+A release in another process tells a gate about the tasks it holds by pushing items onto the
+gate's wake list in Redis.  Two kinds of item travel there, and a task id (which any sender
+chooses) must never be read as the other kind, so every item starts with a tag written here,
+never by a user:
+
+* ``w <ticket>``: units were freed for ``ticket``: the gate claims them itself;
+* ``h <fence> <expiry ms> <claim> <ticket>``: a release *granted* ``ticket`` its units (a
+  handoff) under ``claim``, which only the waiting delivery and the release script know.  The
+  gate trusts it only when the claim is the one of the delivery it holds.
+
+Anything else (the empty item that ends the gate's blocking pop at stop, an item from an
+older version) is not an item: :func:`parse` returns None.
+
+A release in the gate's own process skips Redis: the gate registers itself here
+(:func:`register`), and :class:`WakeRouter`, the wake-up and handoff callback of the Celery
+layer's semaphores, calls it directly.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from kombu.utils import json as kombu_json
+
+from .. import logs
+from . import config
+from .clients import client_for
+
+__all__ = [
+    "GATE_WAKE_TTL",
+    "Handoff",
+    "Receiver",
+    "Wake",
+    "WakeRouter",
+    "handoff_item",
+    "parse",
+    "push",
+    "register",
+    "unregister",
+    "wake_item",
+]
+
+log_wait = logs.get("wait")
+
+
+@dataclass(frozen=True)
+class Wake:
+    """Units were freed for ``ticket``."""
+
+    ticket: str
+
+
+@dataclass(frozen=True)
+class Handoff:
+    """A release granted ``ticket`` its units under ``claim``."""
+
+    ticket: str
+    fence: int
+    expires_at: float  #: server epoch seconds
+    claim: str
+
+
+def wake_item(ticket: str) -> str:
+    return f"w {ticket}"
+
+
+def handoff_item(ticket: str, fence: int, expires_at: float, claim: str) -> str:
+    # the claim is a hex string (no spaces), so the ticket is everything after it
+    return f"h {fence} {round(expires_at * 1000)} {claim} {ticket}"
+
+
+def parse(item: str) -> Wake | Handoff | None:
+    """The item ``item`` read back, or None when it is not one."""
+    kind, _, rest = item.partition(" ")
+    if kind == "w" and rest:
+        return Wake(rest)
+    if kind == "h":
+        parts = rest.split(" ", 3)
+        if len(parts) == 4 and parts[0].isdigit() and parts[1].isdigit() and parts[2]:
+            fence, expiry_ms, claim, ticket = parts
+            return Handoff(ticket, int(fence), int(expiry_ms) / 1000, claim)
+    return None
+
+
+class Receiver(Protocol):
+    """A worker's gate, as a release in its own process reaches it (see :func:`register`)."""
+
+    pid: int
+
+    def wake(self, ticket: str) -> None: ...
+
+    def handed(self, ticket: str, fence: int, expires_at: float, claim: str) -> None: ...
+
+
+#: the gates of this process, by wake list key (a release here reaches them without Redis)
+_gates: dict[str, Receiver] = {}
+
+
+def register(key: str, gate: Receiver) -> None:
+    _gates[key] = gate
+
+
+def unregister(key: str) -> None:
+    _gates.pop(key, None)
+
+
+def _local_gate(key: str) -> Receiver | None:
+    gate = _gates.get(key)
+    return gate if gate is not None and gate.pid == os.getpid() else None
+
+
+class WakeRouter:
+    """``on_wake`` and ``on_handoff`` of the Celery layer's semaphores: units were freed (or
+    granted, by handoff) for a waiter that is not blocked in this process.  Its wake data says
+    where it waits: ``@<key>``, held by a worker's gate (tell that gate: directly when it runs
+    in this process, else with an item on its wake list); else a parked task's wake copy,
+    published now."""
+
+    def __init__(self, app: Any, name: str) -> None:
+        self.app = app
+        self.name = name  # the semaphore's, for the log
+
+    def __call__(self, ticket: str, data: str) -> None:
+        if data.startswith("@"):
+            key = data[1:]
+            gate = _local_gate(key)
+            if gate is not None:
+                gate.wake(ticket)
+            else:
+                push(self.app, key, wake_item(ticket))
+            return
+        from celery.canvas import Signature
+
+        sig = Signature.from_dict(kombu_json.loads(data), app=self.app)  # type: ignore[no-untyped-call]
+        sig.apply_async()
+        log_wait.info(
+            "woken: re-dispatched the parked task now (ticket %s)",
+            ticket,
+            semaphore=self.name,
+            task_id=ticket.rpartition(":")[0],
+        )
+
+    def handoff(self, ticket: str, data: str, fence: int, expires_at: float, claim: str) -> None:
+        """A release granted ``ticket`` its units under ``claim`` (see
+        ``Semaphore(on_handoff=...)``): only a gate's held tasks take handoffs (wake data
+        ``@<key>#handoff``); hand the grant to that gate, directly or through its wake list."""
+        key = data[1:]
+        gate = _local_gate(key)
+        if gate is not None:
+            gate.handed(ticket, fence, expires_at, claim)
+        else:
+            push(self.app, key, handoff_item(ticket, fence, expires_at, claim))
+
+
+#: seconds a gate's wake list outlives its last push (a gate that died leaves nothing behind)
+GATE_WAKE_TTL = 3600
+
+
+def push(app: Any, key: str, item: str) -> None:
+    """Append ``item`` to a gate's wake list ``key`` (one round trip), which then lives
+    :data:`GATE_WAKE_TTL` past its last push."""
+    client = client_for(config.redis_url_for(app.conf), app.conf)
+    pipe = client.pipeline(transaction=False)
+    pipe.rpush(key, item)
+    pipe.expire(key, GATE_WAKE_TTL)
+    pipe.execute()

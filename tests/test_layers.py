@@ -1,0 +1,156 @@
+"""The package's three layers, checked from the source: core (Redis and Lua, no Celery) ->
+integration (the Celery layer) -> ops (CLI, metrics, registry).  A module imports only from its
+own layer and the layers below it (``logs`` is below all three; the package's ``__init__``
+stands above them), the core never imports Celery or kombu, and no module-level imports form
+a cycle."""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[1] / "celery_semaphore"
+#: what each layer may import from the package (besides itself)
+ALLOWED = {
+    "logs": set(),
+    "core": {"logs"},
+    "integration": {"logs", "core"},
+    "ops": {"logs", "core", "integration"},
+    "top": {"logs", "core", "integration", "ops"},
+}
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _layer(module: str) -> str:
+    parts = module.split(".")
+    if len(parts) == 1:
+        return "top"
+    if parts[1] in ("core", "integration", "ops"):
+        return parts[1]
+    if parts[1] == "logs":
+        return "logs"
+    return "top"
+
+
+def _imports(path: Path) -> Iterator[tuple[str, bool]]:
+    """(imported module, at module level?) for every import in ``path``."""
+    module = _module_name(path)
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    tree = ast.parse(path.read_text(), str(path))
+    top_level = {id(node) for node in tree.body}
+    for node in ast.walk(tree):
+        at_top = id(node) in top_level
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                yield alias.name, at_top
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")
+                base = base[: len(base) - node.level + 1]
+                source = ".".join([*base, node.module] if node.module else base)
+            else:
+                source = node.module or ""
+            yield source, at_top
+            for alias in node.names:  # `from . import config` imports a module too
+                yield f"{source}.{alias.name}", at_top
+
+
+def _modules() -> dict[str, Path]:
+    return {_module_name(p): p for p in PACKAGE.rglob("*.py")}
+
+
+def _internal(name: str, modules: dict[str, Path]) -> str | None:
+    while name:
+        if name in modules:
+            return name
+        name = name.rpartition(".")[0]
+    return None
+
+
+def test_the_layers_are_where_the_package_says() -> None:
+    layers = {_layer(m) for m in _modules()}
+    assert layers == {"top", "logs", "core", "integration", "ops"}
+
+
+def test_each_layer_imports_only_the_layers_below_it() -> None:
+    modules = _modules()
+    wrong = []
+    for module, path in sorted(modules.items()):
+        mine = _layer(module)
+        for name, _ in _imports(path):
+            target = _internal(name, modules)
+            if target is None or (target == "celery_semaphore" and name == "celery_semaphore"):
+                continue
+            theirs = _layer(target)
+            if theirs != mine and theirs not in ALLOWED[mine]:
+                wrong.append(f"{module} ({mine}) imports {target} ({theirs})")
+    assert not wrong, "\n".join(wrong)
+
+
+def test_the_core_never_imports_celery_or_kombu() -> None:
+    found = [
+        f"{module} imports {name}"
+        for module, path in _modules().items()
+        if _layer(module) in ("core", "logs")
+        for name, _ in _imports(path)
+        if name.split(".")[0] in ("celery", "kombu", "billiard")
+    ]
+    assert not found, found
+
+
+def test_module_level_imports_form_no_cycle() -> None:
+    modules = _modules()
+    graph: dict[str, set[str]] = {m: set() for m in modules}
+    for module, path in modules.items():
+        for name, at_top in _imports(path):
+            target = _internal(name, modules)
+            if at_top and target is not None and target != module:
+                graph[module].add(target)
+    # a package's __init__ importing its own submodules is not a cycle in Python's sense
+    for module in modules:
+        graph[module] = {t for t in graph[module] if not module.startswith(t + ".")}
+    cycle = _find_cycle(graph)
+    assert cycle is None, " -> ".join(cycle or [])
+
+
+def _find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    state: dict[str, int] = {}  # 1 visiting, 2 done
+    stack: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        stack.append(node)
+        for nxt in sorted(graph[node]):
+            if state.get(nxt) == 1:
+                return [*stack[stack.index(nxt) :], nxt]
+            if nxt not in state:
+                found = visit(nxt)
+                if found:
+                    return found
+        stack.pop()
+        state[node] = 2
+        return None
+
+    for node in sorted(graph):
+        if node not in state:
+            found = visit(node)
+            if found:
+                return found
+    return None
+
+
+@pytest.mark.parametrize(
+    ("graph", "cyclic"),
+    [({"a": {"b"}, "b": {"a"}}, True), ({"a": {"b"}, "b": set()}, False)],
+)
+def test_the_cycle_check_can_fail(graph: dict[str, set[str]], cyclic: bool) -> None:
+    assert (_find_cycle(graph) is not None) is cyclic
