@@ -9,8 +9,8 @@ Two kinds, read two ways:
 * **Counters and histograms of what happened** (acquired, waits, time-outs, lost leases,
   reclaimed permits; wait and hold time) are counted where it happened, in the process that
   ran the task, from :mod:`~celery_semaphore.integration.events`.  On the prefork pool that is
-  a child process, so they use prometheus_client's multiprocess mode (``PROMETHEUS_MULTIPROC_DIR``): each
-  child writes its own file, and the exporter adds them up.
+  a child process, so they use prometheus_client's multiprocess mode
+  (``PROMETHEUS_MULTIPROC_DIR``): each child writes its own file, and the exporter adds them up.
 
 Running the exporter: set ``semaphore_metrics_port`` (and ``semaphore_metrics_address``) and
 every worker serves ``/metrics`` from its main process, creating a fresh
