@@ -57,12 +57,14 @@ from .delivery import (
     GATE_HEADER,
     HEADER,
     QUEUE_KEY,
+    Directive,
     WaitState,
     copy_of_execution,
     delivery_claim,
-    from_this_worker,
     host_owner,
     note_handled,
+    task_id_of,
+    ticket_of,
 )
 from .heartbeat import heartbeat
 from .locks import (
@@ -135,7 +137,7 @@ def run_limited(
         return call()  # explicitly disabled (e.g. in the user's unit tests)
     request = task.request
     opts = config.resolve(conf, spec.options)
-    directive = _gate_directive(request)
+    directive = Directive.from_request(request)
     plan = _plan(task, spec, args, kwargs or {}, directive)
     sem = lock_for(app, plan, opts.lease_ttl)
     fair = lock_kwargs(plan)
@@ -163,15 +165,15 @@ def _plan(
     spec: LimitSpec,
     args: tuple[Any, ...],
     kwargs: Mapping[str, Any],
-    directive: Mapping[str, Any] | None,
+    directive: Directive | None,
 ) -> targets.Plan:
     """This call's targets; the partition is the one the execution already waits in (the
     gate's, or the one a parked copy carries), else the delivery queue's."""
     request = task.request
     if args and args[0] is task:  # a bound task's wrapper gets self first
         args = args[1:]
-    known = directive.get("p") if directive is not None else None
-    if not isinstance(known, str):
+    known = directive.partition if directive is not None else None
+    if known is None:
         known = WaitState.from_request(request).partition
     queue = None
     if known is None and not (request.called_directly or request.is_eager):
@@ -183,24 +185,13 @@ def _plan(
     return targets.resolve(task, spec, args, kwargs, queue, partition=known)
 
 
-def _gate_directive(request: Any) -> Mapping[str, Any] | None:
-    """What the worker's gate decided for this execution, if it came through the gate: only
-    a directive carrying this worker's nonce and this execution's ticket counts."""
-    raw = getattr(request, GATE_HEADER, None)
-    if not from_this_worker(raw):
-        return None
-    if raw.get("t") != f"{request.id}:{request.retries or 0}":
-        return None
-    return raw
-
-
 def _run_gated(
     task: Any,
     sem: Lock,
     weights: Mapping[str, int],
     opts: config.ResolvedOptions,
     owner: dict[str, Any],
-    directive: Mapping[str, Any],
+    directive: Directive,
     call: Callable[[], _T],
     fair: dict[str, Any],
     partition: str,
@@ -208,24 +199,20 @@ def _run_gated(
     """The gate held this task and decided: run with its grant, park, or time out."""
     request = task.request
     state = WaitState.from_request(request)
-    ticket = str(directive["t"])
-    do = directive.get("do")
-    if do == "run":
-        raw = directive["f"]
-        fencing = [int(f) for f in raw] if isinstance(raw, list) else [int(raw)]
-        permit = adopt(sem, ticket, weights, fencing, float(directive["x"]), str(directive["c"]))
-        return _hold(
-            task, sem, permit, opts, state, call, float(directive.get("w", 0.0)), partition
+    ticket = directive.ticket
+    if directive.do == "run":
+        permit = adopt(
+            sem, ticket, weights, directive.fencing, directive.expires_at, directive.claim
         )
-    if do == "timeout":
-        waited = float(directive.get("w", 0.0))
-        raise _timeout(task, sem, waited, opts.max_wait or 0.0)
+        return _hold(task, sem, permit, opts, state, call, directive.waited, partition)
+    if directive.do == "timeout":
+        raise _timeout(task, sem, directive.waited, opts.max_wait or 0.0)
     # "park": held too long for the broker; re-publish with a countdown, keep the place.  The
     # gate handed this delivery's place over with its claim: a grant a release handed off to
     # it meanwhile is found here as its own.
     first = state.first_wait if state.first_wait is not None else time.time()
     state = replace(state, first_wait=first, partition=partition)
-    common = _common(owner, str(directive["c"]), state, opts, fair)
+    common = _common(owner, directive.claim, state, opts, fair)
     attempt = _park(task, sem, state, opts, ticket, common, registered=True)
     if attempt.permit is not None:
         return _hold(task, sem, attempt.permit, opts, state, call, partition=partition)
@@ -306,7 +293,7 @@ def _acquire_and_run(
     request = task.request
     redelivered = bool((request.delivery_info or {}).get("redelivered"))
     state = WaitState.from_request(request).on_arrival(redelivered, partition)
-    ticket = f"{request.id}:{request.retries or 0}"
+    ticket = ticket_of(request.id, request.retries)
     # One claim per delivery (stamped by the consumer): a grant is only ever returned again to
     # this delivery (a call re-sent by redis-py, or the gate's handoff to a place it handed
     # over), never to another delivery of the same message.
@@ -381,7 +368,7 @@ def _ask(sem: Lock, ticket: str, state: WaitState, **kwargs: Any) -> Attempt:
     log_acquire.info(
         "gave back a grant made to this task's place after its previous copy parked",
         semaphore=sem.name,
-        task_id=ticket.rpartition(":")[0],
+        task_id=task_id_of(ticket),
     )
     return sem.try_acquire(ticket, **kwargs)
 
@@ -417,13 +404,13 @@ def _reclaim_from_dead_process(sem: Lock, token: str) -> bool:
         pid,
         token,
         semaphore=sem.name,
-        task_id=token.rpartition(":")[0],
+        task_id=task_id_of(token),
     )
     # no tombstone: the redelivery runs
     released = sem.release_token(token, claim=claim, tombstone_ttl=0)
     if released:  # ops: events
         events.emit(
-            "reclaimed", name=sem.name, count=1, reason="crashed", task_id=token.rpartition(":")[0]
+            "reclaimed", name=sem.name, count=1, reason="crashed", task_id=task_id_of(token)
         )
     return released
 
@@ -576,7 +563,7 @@ def _withdraw_quietly(sem: Lock, ticket: str) -> None:
             ticket,
             exc,
             semaphore=sem.name,
-            task_id=ticket.rpartition(":")[0],
+            task_id=task_id_of(ticket),
         )
 
 

@@ -22,10 +22,17 @@ import uuid
 from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
+from enum import Enum
 from typing import Any, TypeGuard
 
 __all__ = [
     "CLAIM_KEY",
+    "HOLDING",
+    "TRANSITIONS",
+    "Delivery",
+    "Directive",
+    "IllegalMove",
+    "Stage",
     "GATE_HEADER",
     "HEADER",
     "QUEUE_KEY",
@@ -39,6 +46,8 @@ __all__ = [
     "note_handled",
     "stamp_claim",
     "stamped_claim",
+    "task_id_of",
+    "ticket_of",
 ]
 
 #: the message header of a parked copy: how its execution has waited so far (see WaitState)
@@ -186,6 +195,17 @@ def delivery_claim(request: Any) -> str:
     return stamped_claim(request) or uuid.uuid4().hex
 
 
+def ticket_of(task_id: str | None, retries: int | None) -> str:
+    """The ticket of an execution: ``<task id>:<retries>``.  Waits keep ``retries``, so every
+    copy of an execution shares it; the user's own ``self.retry()`` is a new execution."""
+    return f"{task_id}:{retries or 0}"
+
+
+def task_id_of(ticket: str) -> str:
+    """The task id in ``ticket`` (for logs)."""
+    return ticket.rpartition(":")[0]
+
+
 def stamp_claim(request_dict: dict[str, Any]) -> str:
     """Give a delivery its claim, in the consumer as it receives the message (over anything
     the message brought); returns it."""
@@ -220,3 +240,151 @@ def copy_of_execution(state: WaitState) -> bool:
     tombstone).  A first delivery is a new request, even with a task id used before (an id
     reused for a later send, ``report-user-42``, runs again)."""
     return state.epoch > 0 or state.takeover
+
+
+@dataclass(frozen=True)
+class Directive:
+    """What a worker's gate decided for a delivery it held, handed to the body in the request
+    (:data:`GATE_HEADER`, never a message header): ``run`` with the grant it made
+    (``fencing``, one token per semaphore; ``expires_at``, server seconds), ``park`` (held too
+    long: re-publish with a countdown, keeping the place, under the same ``claim``) or
+    ``timeout`` (past ``max_wait``: fail with SemaphoreTimeout).  ``partition``: the line the
+    execution waits in; ``waited``: seconds since it first asked."""
+
+    nonce: str
+    ticket: str
+    claim: str
+    do: str
+    partition: str
+    fencing: tuple[int, ...] = ()
+    expires_at: float = 0.0
+    waited: float = 0.0
+
+    def to_request(self) -> dict[str, Any]:
+        """The plain value that travels in the request (to a prefork child too)."""
+        return {
+            "nonce": self.nonce,
+            "ticket": self.ticket,
+            "claim": self.claim,
+            "do": self.do,
+            "partition": self.partition,
+            "fencing": list(self.fencing),
+            "expires_at": self.expires_at,
+            "waited": self.waited,
+        }
+
+    @classmethod
+    def from_request(cls, request: Any) -> Directive | None:
+        """The directive on ``request`` (a task's request context), if this worker's gate
+        made it for this very execution; None otherwise (a message may carry anything)."""
+        raw = getattr(request, GATE_HEADER, None)
+        if not isinstance(raw, Mapping) or raw.get("nonce") != _nonce or _nonce is None:
+            return None
+        if raw.get("ticket") != ticket_of(request.id, request.retries):
+            return None
+        try:
+            return cls(
+                nonce=str(raw["nonce"]),
+                ticket=str(raw["ticket"]),
+                claim=str(raw["claim"]),
+                do=str(raw["do"]),
+                partition=str(raw["partition"]),
+                fencing=tuple(int(f) for f in raw["fencing"]),
+                expires_at=float(raw["expires_at"]),
+                waited=float(raw["waited"]),
+            )
+        except (KeyError, TypeError, ValueError):
+            return None
+
+
+# -- a delivery's life in a worker's gate ---------------------------------------------------
+
+
+class Stage(Enum):
+    """Where a delivery held by a worker's gate is in its life (see :data:`TRANSITIONS`)::
+
+        RECEIVED ──► HELD ──► GRANTED ──► RUNNING ──► DONE (its request is done, or it was
+           │           │         │                        revoked before it started, or
+           │           │         │                        the pool refused it)
+           │           │         ╰──► GIVEN_BACK (the worker stopped first)
+           ├───────────┴──► HANDED_OVER (slot, park) ─┬─► GIVEN_BACK (the worker stopped
+           ├───────────┴──► TIMED_OUT ─────────────────┘    before the pool took it)
+           ├───────────┴──► REVOKED
+           ╰───────────┴──► GIVEN_BACK (the worker stopped)
+
+    Every way out of RECEIVED and HELD either hands the place over with the delivery's claim
+    (GRANTED: with its grant; HANDED_OVER: the body acquires under the same claim) or
+    withdraws the place in the same step, giving back a grant a release made meanwhile
+    (TIMED_OUT, REVOKED, GIVEN_BACK)."""
+
+    #: taken from the broker; its first attempt is not made yet (or failed)
+    RECEIVED = "received"
+    #: waiting in line, held by the gate off the pool (unacknowledged)
+    HELD = "held"
+    #: granted (by its own attempt or a handoff); on its way to the pool with the grant
+    GRANTED = "granted"
+    #: in the pool with its grant: the body releases it
+    RUNNING = "running"
+    #: to the pool without a grant, with its place and claim (Redis failed at its attempt,
+    #: or held too long: it parks)
+    HANDED_OVER = "handed-over"
+    #: waited past max_wait: place withdrawn; the body raises SemaphoreTimeout
+    TIMED_OUT = "timed-out"
+    #: revoked or expired while held: place withdrawn, the message acknowledged
+    REVOKED = "revoked"
+    #: the worker stopped first: place withdrawn or grant given back; the broker delivers the
+    #: message again
+    GIVEN_BACK = "given-back"
+    #: its request is done in the pool (or its grant was released for it)
+    DONE = "done"
+
+
+#: the only moves a delivery makes
+TRANSITIONS: dict[Stage, frozenset[Stage]] = {
+    Stage.RECEIVED: frozenset(
+        {
+            Stage.HELD,
+            Stage.GRANTED,
+            Stage.HANDED_OVER,
+            Stage.TIMED_OUT,
+            Stage.REVOKED,
+            Stage.GIVEN_BACK,
+        }
+    ),
+    Stage.HELD: frozenset(
+        {Stage.GRANTED, Stage.HANDED_OVER, Stage.TIMED_OUT, Stage.REVOKED, Stage.GIVEN_BACK}
+    ),
+    Stage.GRANTED: frozenset({Stage.RUNNING, Stage.DONE, Stage.GIVEN_BACK}),
+    Stage.RUNNING: frozenset({Stage.DONE}),
+    Stage.HANDED_OVER: frozenset({Stage.GIVEN_BACK}),
+    Stage.TIMED_OUT: frozenset({Stage.GIVEN_BACK}),
+    Stage.REVOKED: frozenset(),
+    Stage.GIVEN_BACK: frozenset(),
+    Stage.DONE: frozenset(),
+}
+#: the gate holds it (its place is in line under the gate's wake address)
+HOLDING = frozenset({Stage.RECEIVED, Stage.HELD})
+
+
+class IllegalMove(RuntimeError):
+    """A delivery was asked to make a move :data:`TRANSITIONS` does not allow (a bug)."""
+
+
+class Delivery:
+    """One delivery of a ticket, as a worker's gate holds it: its claim and its stage, which
+    moves only as :data:`TRANSITIONS` allows.  The gate moves it under its lock."""
+
+    __slots__ = ("claim", "stage", "ticket")
+
+    def __init__(self, ticket: str, claim: str) -> None:
+        self.ticket = ticket
+        self.claim = claim
+        self.stage = Stage.RECEIVED
+
+    def move(self, to: Stage) -> None:
+        if to not in TRANSITIONS[self.stage]:
+            raise IllegalMove(f"delivery of {self.ticket}: {self.stage.value} -> {to.value}")
+        self.stage = to
+
+    def __repr__(self) -> str:
+        return f"<Delivery {self.ticket} {self.stage.value}>"

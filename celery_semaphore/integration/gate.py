@@ -60,13 +60,19 @@ from .delivery import (
     CLAIM_KEY,
     GATE_HEADER,
     HEADER,
+    HOLDING,
     QUEUE_KEY,
+    Delivery,
+    Directive,
+    Stage,
     WaitState,
     copy_of_execution,
     gate_nonce,
     host_owner,
     stamp_claim,
     stamped_claim,
+    task_id_of,
+    ticket_of,
 )
 from .locks import (
     Lock,
@@ -114,15 +120,16 @@ LEFT_TTL = 2 * MAX_HOLD
 
 @dataclass(eq=False)
 class _Entry:
-    """A limited request the gate holds (waiting) or has dispatched with a grant."""
+    """A limited request the gate holds, or held: its delivery (ticket, claim and stage, see
+    :class:`~celery_semaphore.integration.delivery.Stage`) and what the gate needs to act for
+    it."""
 
     req: Any  # celery.worker.request.Request
     spec: LimitSpec
     plan: targets.Plan
     sem: Lock
     opts: config.ResolvedOptions
-    ticket: str
-    claim: str
+    delivery: Delivery
     #: where a release wakes it: ``@<the gate's key>``; a single semaphore's waiter takes
     #: handoffs (``@<key>#handoff``, its claim in its owner: see Semaphore(on_handoff=...))
     wake_data: str
@@ -136,8 +143,6 @@ class _Entry:
     busy: bool = False
     #: a wake-up came while busy: try again once the current attempt is done
     again: bool = False
-    #: its first attempt (by the arrivals thread) is done
-    tried: bool = False
     #: when the pool child running its body was first seen gone (0: not seen)
     dead_since: float = 0.0
     #: place in line at the last attempt (0 = head)
@@ -147,15 +152,20 @@ class _Entry:
     #: the grant, once made: (fencing tokens, one per semaphore; lease expiry, server seconds)
     grant: tuple[list[int], float] | None = None
     granted_at: float = 0.0
-    #: handed to the pool (or on its way in this very call)
+    #: the hub handed it to the pool (or is doing so in this very call)
     dispatched: bool = False
-    #: the gate stopped before this grant reached the pool: never dispatch it
-    cancelled: bool = False
-    #: it left the gate and its place was withdrawn
-    withdrawn: bool = False
-    #: it left the gate for the pool with its place and its claim (slot, park): a handoff to
-    #: that place is the pool copy's, never given back by the gate
-    handed_over: bool = False
+
+    @property
+    def ticket(self) -> str:
+        return self.delivery.ticket
+
+    @property
+    def claim(self) -> str:
+        return self.delivery.claim
+
+    @property
+    def stage(self) -> Stage:
+        return self.delivery.stage
 
 
 class Gate:
@@ -239,19 +249,22 @@ class Gate:
         with self._arrived:
             self._arrivals.clear()  # still in _held: withdrawn below, redelivered by the broker
         with self._lock:
-            # left for the pool (to park, keeping their places) but never got there: the
-            # broker delivers them again, and their places must not take handoffs meanwhile
-            stranded = [e for e, _ in self._left.values() if not (e.dispatched or e.withdrawn)]
-            for entry in stranded:
-                entry.cancelled = True
+            # left for the pool (to park or time out) but never got there: the broker delivers
+            # them again, and their places must not take handoffs meanwhile
+            stranded = [
+                e
+                for e, _ in self._left.values()
+                if e.stage in (Stage.HANDED_OVER, Stage.TIMED_OUT) and not e.dispatched
+            ]
             held = list(self._held.values())
             self._held.clear()
+            undispatched = [e for e in self._pending.values() if not e.dispatched]
+            for entry in stranded + held + undispatched:
+                entry.delivery.move(Stage.GIVEN_BACK)
             for entry in held:
                 self._note_left(entry)
             self._counted = 0
-            undispatched = [e for e in self._pending.values() if not e.dispatched]
             for entry in undispatched:
-                entry.cancelled = True
                 del self._pending[entry.ticket]
         for entry in held + stranded:
             try:
@@ -340,7 +353,7 @@ class Gate:
         sem = lock_for(self.app, plan, opts.lease_ttl)
         redelivered = bool((req.delivery_info or {}).get("redelivered"))
         state = state.on_arrival(redelivered, plan.partition)
-        ticket = f"{req.id}:{retries}"
+        ticket = ticket_of(req.id, retries)
         # one claim per delivery, stamped on the request: the gate's calls, the body's in the
         # pool and a release for a dead child all carry it; another delivery of the same
         # ticket never gets this one's grant
@@ -353,7 +366,7 @@ class Gate:
             owner.update(lease_ms=round(opts.lease_ttl * 1000))
         else:  # a group's units are granted together, by its own scripts
             wake_data = "@" + self.key
-        entry = _Entry(req, spec, plan, sem, opts, ticket, claim, wake_data, state, owner)
+        entry = _Entry(req, spec, plan, sem, opts, Delivery(ticket, claim), wake_data, state, owner)
         entry.place_ttl = max(HELD_PLACE_MIN, min(HELD_PLACE_TTL, opts.lease_ttl))
         return entry
 
@@ -377,13 +390,17 @@ class Gate:
         first, by the arrivals thread."""
         while True:
             status = self._try(entry)
-            entry.tried = True
             with self._lock:
-                if status is None and entry.again:
+                stopped = entry.stage not in HOLDING  # stop() gave it back meanwhile
+                if not stopped and status is None and entry.again:
                     entry.again = False
                     continue
                 entry.busy = False
-                if status is None:  # still waiting
+                if stopped:
+                    pass
+                elif status is None:  # still waiting
+                    if entry.stage is Stage.RECEIVED:
+                        entry.delivery.move(Stage.HELD)
                     if first and not entry.counted and self._counted < self.hold:
                         entry.counted = True
                         self._counted += 1
@@ -393,8 +410,13 @@ class Gate:
                         self._log_wait(entry)
                         emit_waited(entry.sem, entry.req.id, entry.req.name, "held", entry.position)
                     return
-                self._settle(entry, status)
-            self._hand_over(entry, status)
+                else:
+                    self._settle(entry, status)
+            if stopped:
+                if status == "granted":
+                    self._give_back(entry, handoff=False)
+            elif status is not None:
+                self._hand_over(entry, status)
             return
 
     def _settle(self, entry: _Entry, status: str) -> None:
@@ -407,9 +429,10 @@ class Gate:
             self._counted -= 1
             self.consumer.qos.decrement_eventually()
         if status == "granted":
+            entry.delivery.move(Stage.GRANTED)
             self._pending[entry.ticket] = entry
         else:
-            entry.handed_over = True
+            entry.delivery.move(Stage.HANDED_OVER)
             self._note_left(entry)
 
     def handed(self, ticket: str, fence: int, expires_at: float, claim: str) -> None:
@@ -439,12 +462,13 @@ class Gate:
         if entry is None:
             self._handed_elsewhere(ticket, left)
             return
-        entry.tried = True
         entry.refreshed = clock.monotonic()
         if quarantined(entry.sem) or lost_at_fence(entry.sem, fence):
             self._give_back_handoff(entry)  # granted on a state that was lost: hold on
             with self._lock:
                 entry.busy = False
+                if entry.stage is Stage.RECEIVED:
+                    entry.delivery.move(Stage.HELD)
             return
         entry.grant = ([fence], expires_at)
         entry.granted_at = clock.monotonic()
@@ -457,7 +481,7 @@ class Gate:
     def _handed_elsewhere(self, ticket: str, left: _Entry | None) -> None:
         """A handoff for ``ticket`` that no held delivery here takes: ``left`` is the delivery
         it was made for, which left this gate (None: none with that claim)."""
-        if left is not None and left.handed_over and not left.cancelled:
+        if left is not None and left.stage is Stage.HANDED_OVER:
             # its place and claim went to the pool (slot, park): the body acquires under the
             # same claim and finds this grant its own; giving it back could free a running body
             log.debug(
@@ -474,7 +498,7 @@ class Gate:
                 "permit, if any, comes back when its lease expires",
                 ticket,
                 semaphore=None,
-                task_id=ticket.rpartition(":")[0],
+                task_id=task_id_of(ticket),
             )
 
     def _give_back_handoff(self, entry: _Entry) -> None:
@@ -519,7 +543,7 @@ class Gate:
             # Fail closed: keep holding (a held task never runs without a permit), try again
             # at the next tick.  A task Redis fails for on arrival goes to its slot instead,
             # where the wrapper parks it, so a Redis outage does not fill the consumer.
-            waits = entry.counted and entry.tried
+            waits = entry.counted and entry.stage is Stage.HELD
             log.warning(
                 "task %s: semaphore unavailable (%s); %s",
                 entry.req.name,
@@ -597,11 +621,13 @@ class Gate:
     def _hand_over(self, entry: _Entry, status: str) -> None:
         """Send the request to the pool, from the hub thread (or directly, when the pool takes
         work from any thread)."""
-        directive: dict[str, Any] | None = None
+        directive: Directive | None = None
         if status == "granted" and entry.grant is not None:
-            directive = self._directive(entry, "run")
             waited = time.time() - entry.state.first_wait if entry.state.first_wait else 0.0
-            directive.update(f=entry.grant[0], x=entry.grant[1], w=round(waited, 6))
+            fencing, expires_at = entry.grant
+            directive = self._directive(
+                entry, "run", fencing=tuple(fencing), expires_at=expires_at, waited=waited
+            )
             if entry.position is not None:  # it waited
                 log_wait.debug(
                     "task %s: granted after %.3fs held; to the pool",
@@ -617,30 +643,25 @@ class Gate:
         else:
             self.consumer.call_soon(self._dispatch, entry, directive)
 
-    def _directive(self, entry: _Entry, do: str, **extra: Any) -> dict[str, Any]:
-        return {
-            "n": self.nonce,
-            "t": entry.ticket,
-            "c": entry.claim,
-            "do": do,
-            "p": entry.plan.partition,
-            **extra,
-        }
+    def _directive(self, entry: _Entry, do: str, **extra: Any) -> Directive:
+        return Directive(self.nonce, entry.ticket, entry.claim, do, entry.plan.partition, **extra)
 
-    def _dispatch(self, entry: _Entry, directive: dict[str, Any] | None) -> None:
+    def _dispatch(self, entry: _Entry, directive: Directive | None) -> None:
         req = entry.req
         with self._lock:
-            if entry.cancelled:
+            if entry.stage is Stage.GIVEN_BACK:
                 return  # the gate stopped and gave its grant back; the message is redelivered
             entry.dispatched = True
-        if directive is not None and directive["do"] == "run" and req.revoked():
+            if entry.stage is Stage.GRANTED:
+                entry.delivery.move(Stage.RUNNING)
+        if directive is not None and directive.do == "run" and req.revoked():
             # revoked while it waited: revoked() acknowledged it; give the permit back
             self._forget_pending(entry)
             self._release(entry, "it was revoked before it started")
             return
         if directive is not None:
-            req.request_dict[GATE_HEADER] = directive
-            if directive["do"] == "run":
+            req.request_dict[GATE_HEADER] = directive.to_request()
+            if directive.do == "run":
                 self._watch_failure(entry)
         from celery.worker import state
 
@@ -649,7 +670,7 @@ class Gate:
             self._dispatch_to_pool(req)
         except Exception:
             self._forget_pending(entry)
-            if directive is not None and directive["do"] == "run":
+            if directive is not None and directive.do == "run":
                 self._release(entry, "the pool refused it")
             raise
 
@@ -704,7 +725,8 @@ class Gate:
             )
             return
         if released:
-            if tombstone_ttl == 0 and not entry.cancelled:  # the process running it was lost
+            # no tombstone, and not at stop: the process running it was lost
+            if tombstone_ttl == 0 and entry.stage is not Stage.GIVEN_BACK:
                 for name in lock_names(entry.sem):
                     events.emit(
                         "reclaimed", name=name, count=1, reason="crashed", task_id=entry.req.id
@@ -718,9 +740,11 @@ class Gate:
             )
 
     def _forget_pending(self, entry: _Entry) -> None:
+        """Its request is done in the pool (or its grant is released for it)."""
         with self._lock:
             if self._pending.get(entry.ticket) is entry:
                 del self._pending[entry.ticket]
+                entry.delivery.move(Stage.DONE)
 
     # -- the gate thread ----------------------------------------------------------------------
 
@@ -809,7 +833,7 @@ class Gate:
         me = os.getpid()
         now = clock.monotonic()
         with self._lock:
-            running = [e for e in self._pending.values() if e.dispatched]
+            running = [e for e in self._pending.values() if e.stage is Stage.RUNNING]
         for entry in running:
             req = entry.req
             pid = getattr(req, "worker_pid", None)
@@ -884,13 +908,15 @@ class Gate:
         if req.id in _revoked() or (req.expires and _expired(req)):
             self._leave(entry, None, "revoked", withdraw=redis_ok)
         elif max_wait is not None and waited >= max_wait:
-            directive = self._directive(entry, "timeout", w=waited)
+            directive = self._directive(entry, "timeout", waited=waited)
             self._leave(entry, directive, "timed out", withdraw=redis_ok)
         elif now - entry.since >= self._max_hold():
             self._park_held(entry, now, redis_ok)
         elif not redis_ok:
             return
-        elif now - entry.refreshed >= entry.place_ttl / 3 or not (entry.counted and entry.tried):
+        elif now - entry.refreshed >= entry.place_ttl / 3 or not (
+            entry.counted and entry.stage is Stage.HELD
+        ):
             # keep the place alive (and claim units whose wake-up was lost); an uncounted
             # entry (over semaphore_worker_hold, or Redis failed), or one whose first attempt
             # failed, retries every tick
@@ -925,7 +951,7 @@ class Gate:
             self._leave(entry, self._directive(entry, "park"), "held too long")
 
     def _leave(
-        self, entry: _Entry, directive: dict[str, Any] | None, why: str, withdraw: bool = True
+        self, entry: _Entry, directive: Directive | None, why: str, withdraw: bool = True
     ) -> None:
         """Stop holding ``entry``: drop it (revoked) or send it to the pool with a directive
         (``timeout``: fail with SemaphoreTimeout; ``park``: re-publish with a countdown).
@@ -934,14 +960,18 @@ class Gate:
             if entry.busy or self._held.get(entry.ticket) is not entry:
                 return
             del self._held[entry.ticket]
-            entry.handed_over = directive is not None and directive["do"] == "park"
+            if directive is None:
+                entry.delivery.move(Stage.REVOKED)
+            elif directive.do == "timeout":
+                entry.delivery.move(Stage.TIMED_OUT)
+            else:  # park: with its place and claim
+                entry.delivery.move(Stage.HANDED_OVER)
             self._note_left(entry)
             if entry.counted:
                 entry.counted = False
                 self._counted -= 1
                 self.consumer.qos.decrement_eventually()
-        if (directive is None or directive["do"] == "timeout") and withdraw:
-            entry.withdrawn = True
+        if entry.stage is not Stage.HANDED_OVER and withdraw:
             try:
                 if not entry.sem.withdraw(entry.ticket):
                     self._give_back_handoff(entry)  # a release may have granted it meanwhile

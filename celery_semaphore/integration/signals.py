@@ -27,7 +27,7 @@ from ..core import connection
 from ..core.exceptions import SemaphoreError
 from . import children, config, events, targets
 from .decorators import spec_of
-from .delivery import handled_here, stamped_claim
+from .delivery import handled_here, stamped_claim, ticket_of
 from .locks import lock_for, lock_names
 from .spec import Member
 
@@ -125,7 +125,7 @@ def _release_dead(task: Any, task_id: str | None, request: Any, why: str) -> Non
     spec = spec_of(task)
     if spec is None or not task_id or request is None or getattr(request, "id", None) != task_id:
         return
-    token = f"{task_id}:{getattr(request, 'retries', 0) or 0}"
+    token = ticket_of(task_id, getattr(request, "retries", 0))
     if handled_here(token):
         return
     claim = stamped_claim(request)

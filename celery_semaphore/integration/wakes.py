@@ -29,6 +29,7 @@ from kombu.utils import json as kombu_json
 from .. import logs
 from . import config
 from .clients import client_for
+from .delivery import task_id_of
 
 __all__ = [
     "GATE_WAKE_TTL",
@@ -141,7 +142,7 @@ class WakeRouter:
             "woken: re-dispatched the parked task now (ticket %s)",
             ticket,
             semaphore=self.name,
-            task_id=ticket.rpartition(":")[0],
+            task_id=task_id_of(ticket),
         )
 
     def handoff(self, ticket: str, data: str, fence: int, expires_at: float, claim: str) -> None:
