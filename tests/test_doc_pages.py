@@ -70,7 +70,7 @@ def messages() -> list[tuple[str, str, str]]:
     """(where, kind, fragment) for every exception the package builds with a message (raised
     at once, or returned to be raised) and every log call at WARNING and above."""
     found = []
-    for path in sorted(PACKAGE.glob("*.py")):
+    for path in sorted(PACKAGE.rglob("*.py")):
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
             if not isinstance(node, ast.Call) or not node.args:
                 continue
