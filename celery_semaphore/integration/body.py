@@ -204,7 +204,10 @@ def _run_gated(
         permit = adopt(
             sem, ticket, weights, directive.fencing, directive.expires_at, directive.claim
         )
-        return _hold(task, sem, permit, opts, state, call, directive.waited, partition)
+        if _still_held(permit, directive, opts):
+            return _hold(task, sem, permit, opts, state, call, directive.waited, partition)
+        # the grant lapsed before the pool started it: ask again, as this same delivery
+        return _acquire_and_run(task, sem, opts, owner, call, fair, partition, directive.claim)
     if directive.do == "timeout":
         raise _timeout(task, sem, directive.waited, opts.max_wait or 0.0)
     # "park": held too long for the broker; re-publish with a countdown, keep the place.  The
@@ -217,6 +220,33 @@ def _run_gated(
     if attempt.permit is not None:
         return _hold(task, sem, attempt.permit, opts, state, call, partition=partition)
     return _drop_duplicate(task, sem, attempt, state)
+
+
+def _still_held(permit: Permit, directive: Directive, opts: config.ResolvedOptions) -> bool:
+    """Is the gate's grant still this delivery's?  The gate keeps a grant's lease alive until
+    the body starts, but not while Redis fails: a grant older than one heartbeat interval is
+    refreshed first (under the delivery's claim), and one that is gone, or that Redis cannot
+    vouch for, is not run on."""
+    if clock.monotonic() - directive.granted_at < opts.heartbeat_interval:
+        return True
+    try:
+        held = permit.refresh()
+    except SemaphoreError as exc:
+        log_acquire.warning(
+            "the worker's grant could not be checked before the body started: %s; asking again",
+            exc,
+            semaphore=permit.semaphore.name,
+            task_id=task_id_of(permit.token),
+        )
+        return False
+    if not held:
+        log_acquire.warning(
+            "the worker's grant lapsed before the body started (its lease was not kept alive: "
+            "Redis failed meanwhile); asking again",
+            semaphore=permit.semaphore.name,
+            task_id=task_id_of(permit.token),
+        )
+    return held
 
 
 def _common(
@@ -286,10 +316,12 @@ def _acquire_and_run(
     call: Callable[[], _T],
     fair: dict[str, Any],
     partition: str,
+    claim: str | None = None,
 ) -> _T:
     """A task that did not come through the gate acquires in its worker slot: granted at
     once, or near the head of the line (``standby``) it waits in the slot up to
-    ``wait_timeout``, else it parks."""
+    ``wait_timeout``, else it parks.  ``claim``: the delivery's (default: the one the
+    consumer stamped)."""
     request = task.request
     redelivered = bool((request.delivery_info or {}).get("redelivered"))
     state = WaitState.from_request(request).on_arrival(redelivered, partition)
@@ -297,7 +329,7 @@ def _acquire_and_run(
     # One claim per delivery (stamped by the consumer): a grant is only ever returned again to
     # this delivery (a call re-sent by redis-py, or the gate's handoff to a place it handed
     # over), never to another delivery of the same message.
-    common = _common(owner, delivery_claim(request), state, opts, fair)
+    common = _common(owner, claim or delivery_claim(request), state, opts, fair)
     try:
         quarantine_guard(sem)
         attempt = _ask(sem, ticket, state, place_ttl=opts.wait_timeout + PLACE_SLACK, **common)

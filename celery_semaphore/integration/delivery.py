@@ -249,7 +249,8 @@ class Directive:
     (``fencing``, one token per semaphore; ``expires_at``, server seconds), ``park`` (held too
     long: re-publish with a countdown, keeping the place, under the same ``claim``) or
     ``timeout`` (past ``max_wait``: fail with SemaphoreTimeout).  ``partition``: the line the
-    execution waits in; ``waited``: seconds since it first asked."""
+    execution waits in; ``waited``: seconds since it first asked; ``granted_at``: when the
+    grant was made, on the machine's monotonic clock (the same in every process of it)."""
 
     nonce: str
     ticket: str
@@ -259,6 +260,7 @@ class Directive:
     fencing: tuple[int, ...] = ()
     expires_at: float = 0.0
     waited: float = 0.0
+    granted_at: float = 0.0
 
     def to_request(self) -> dict[str, Any]:
         """The plain value that travels in the request (to a prefork child too)."""
@@ -271,6 +273,7 @@ class Directive:
             "fencing": list(self.fencing),
             "expires_at": self.expires_at,
             "waited": self.waited,
+            "granted_at": self.granted_at,
         }
 
     @classmethod
@@ -292,6 +295,7 @@ class Directive:
                 fencing=tuple(int(f) for f in raw["fencing"]),
                 expires_at=float(raw["expires_at"]),
                 waited=float(raw["waited"]),
+                granted_at=float(raw["granted_at"]),
             )
         except (KeyError, TypeError, ValueError):
             return None

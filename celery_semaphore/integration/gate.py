@@ -626,7 +626,12 @@ class Gate:
             waited = time.time() - entry.state.first_wait if entry.state.first_wait else 0.0
             fencing, expires_at = entry.grant
             directive = self._directive(
-                entry, "run", fencing=tuple(fencing), expires_at=expires_at, waited=waited
+                entry,
+                "run",
+                fencing=tuple(fencing),
+                expires_at=expires_at,
+                waited=waited,
+                granted_at=entry.granted_at,
             )
             if entry.position is not None:  # it waited
                 log_wait.debug(

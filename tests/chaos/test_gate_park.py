@@ -28,6 +28,7 @@ from celery.worker import state
 
 import celery_semaphore.integration.gate as gate_module
 from celery_semaphore import Semaphore, limited
+from celery_semaphore.core import clock
 from celery_semaphore.core.exceptions import SemaphoreBackendError
 from celery_semaphore.integration.delivery import GATE_HEADER
 from celery_semaphore.integration.gate import Gate
@@ -210,6 +211,29 @@ def test_a_handoff_on_its_way_when_the_gate_lets_go_runs_the_task(
     scene.late.deliver(scene.gate)
     _check_ran_once_and_nothing_left(scene, ran)
     assert directives == ["run"]
+
+
+def test_a_grant_that_lapsed_before_the_pool_started_it_is_not_run_on(scene: Scene) -> None:
+    """The gate keeps a pending grant's lease alive only while Redis answers.  A grant that
+    lapsed (here: taken back by force, and the unit granted to another task) before the pool
+    started the body must not be run on: the body checks a grant older than one heartbeat
+    interval, finds it gone, and asks again instead (issue 17)."""
+    scene.hold_the_task()
+    scene.release_the_blocker()  # handed off to the held task
+    scene.late.deliver(scene.gate)
+    assert scene.pool_takes_work() == ["run"]
+    # meanwhile the grant's lease ran out and another task got the unit
+    assert scene.sem.release_token(scene.ticket)  # no claim: an operator's forced release
+    intruder = scene.sem.try_acquire("intruder", claim="another", lease_ttl=60)
+    assert intruder.permit is not None
+    (req,) = scene.pool
+    req.request_dict[GATE_HEADER]["granted_at"] = clock.monotonic() - 3600  # long ago
+    ran = scene.run_the_body()
+    assert not ran, "the body ran on a grant that had lapsed: 2 holders of a unit at limit 1"
+    assert [h.token for h in scene.sem.holders()] == ["intruder"]
+    # it waits again (parked) with its place in line, and runs once the unit is free
+    assert [w.ticket for w in scene.sem.waiters()] == [scene.ticket]
+    assert intruder.permit.release()
 
 
 # -- while Redis fails: the gate thread's tick still runs, without Redis calls -----------------
