@@ -205,7 +205,7 @@ def _run_gated(
             sem, ticket, weights, directive.fencing, directive.expires_at, directive.claim
         )
         if _still_held(permit, directive, opts):
-            return _hold(task, sem, permit, opts, state, call, directive.waited, partition)
+            return _hold(task, sem, permit, opts, state, call, directive.waited, fair, owner)
         # the grant lapsed before the pool started it: ask again, as this same delivery
         return _acquire_and_run(task, sem, opts, owner, call, fair, partition, directive.claim)
     if directive.do == "timeout":
@@ -218,7 +218,7 @@ def _run_gated(
     common = _common(owner, directive.claim, state, opts, fair)
     attempt = _park(task, sem, state, opts, ticket, common, registered=True)
     if attempt.permit is not None:
-        return _hold(task, sem, attempt.permit, opts, state, call, partition=partition)
+        return _hold(task, sem, attempt.permit, opts, state, call, None, fair, owner)
     return _drop_duplicate(task, sem, attempt, state)
 
 
@@ -285,7 +285,7 @@ def _run_blocking(
     permit = sem.acquire(timeout=bound, owner=owner, **fair)
     if permit is None:
         raise _timeout(task, sem, clock.monotonic() - started, bound)
-    return _hold(task, sem, permit, opts, WaitState(), call, partition=partition)
+    return _hold(task, sem, permit, opts, WaitState(), call, None, fair, owner)
 
 
 def _timeout(task: Any, sem: Lock, waited: float, bound: float) -> SemaphoreTimeout:
@@ -364,7 +364,7 @@ def _acquire_and_run(
         _log_unavailable(task, sem, exc)
         attempt = _park(task, sem, state, opts, ticket, common, registered=False)
     if attempt.permit is not None:
-        return _hold(task, sem, attempt.permit, opts, state, call, partition=partition)
+        return _hold(task, sem, attempt.permit, opts, state, call, None, fair, owner)
     if attempt.status is AttemptStatus.HELD_ELSEWHERE and state.takeover:
         # Our previous delivery holds the ticket's permit.  If it ran on this machine and its
         # process is gone (SIGKILL with reject_on_worker_lost: Celery tells nobody), take the
@@ -380,11 +380,11 @@ def _acquire_and_run(
         if attempt.permit is None:
             attempt = _park(task, sem, state, opts, ticket, common, registered=False)
         if attempt.permit is not None:
-            return _hold(task, sem, attempt.permit, opts, state, call, partition=partition)
+            return _hold(task, sem, attempt.permit, opts, state, call, None, fair, owner)
     if attempt.status is AttemptStatus.WAITING:
         attempt = _park(task, sem, state, opts, ticket, common, registered=True)
         if attempt.permit is not None:
-            return _hold(task, sem, attempt.permit, opts, state, call, partition=partition)
+            return _hold(task, sem, attempt.permit, opts, state, call, None, fair, owner)
     return _drop_duplicate(task, sem, attempt, state)
 
 
@@ -610,11 +610,24 @@ def _hold(
     opts: config.ResolvedOptions,
     state: WaitState,
     call: Callable[[], _T],
-    waited: float | None = None,
-    partition: str | None = None,
+    waited: float | None,
+    fair: Mapping[str, Any],
+    owner: Mapping[str, Any],
 ) -> _T:
+    """Run the body holding ``permit`` (granted with the ``fair`` and ``owner`` arguments), and
+    release it on every way out."""
     permit._cs_policy = opts.on_lease_lost  # type: ignore[attr-defined]
-    heartbeat.register(permit, interval=opts.heartbeat_interval, task_id=task.request.id)
+    partition = fair.get("partition")
+    heartbeat.register(
+        permit,
+        interval=opts.heartbeat_interval,
+        task_id=task.request.id,
+        reacquire={
+            **fair,
+            "owner": {**owner, "claim": permit.claim},
+            "lease_ttl": opts.lease_ttl,
+        },
+    )
     note_handled(permit.token)
     permits: list[Permit] = _local.__dict__.setdefault("permits", [])
     permits.append(permit)

@@ -23,8 +23,9 @@ import math
 import os
 import threading
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from .. import logs
 from ..core import clock
@@ -52,6 +53,9 @@ class _Entry:
     task_id: str | None
     on_lost: LostCallback | None
     due: float = field(default=0.0)
+    #: the try_acquire arguments that take the permit again after its semaphore's state was
+    #: lost (weight, partition and its cap, owner, lease); None: the permit's weight alone
+    reacquire: Mapping[str, Any] | None = None
 
 
 class Heartbeat:
@@ -94,8 +98,13 @@ class Heartbeat:
         interval: float,
         task_id: str | None = None,
         on_lost: LostCallback | None = None,
+        reacquire: Mapping[str, Any] | None = None,
     ) -> None:
-        entry = _Entry(permit, interval, task_id, on_lost, clock.monotonic() + interval)
+        """Keep ``permit``'s lease alive every ``interval`` seconds.  ``reacquire``: the
+        try_acquire arguments it was granted with (partition, owner, lease), with which it is
+        taken again if its semaphore's state is lost while the body runs."""
+        due = clock.monotonic() + interval
+        entry = _Entry(permit, interval, task_id, on_lost, due, reacquire)
         with self._lock:
             self._entries[id(permit)] = entry
             self._ensure_thread()
@@ -215,11 +224,12 @@ class Heartbeat:
         permit = entry.permit
         if permit.released or isinstance(permit, GroupPermit):
             return False  # a group's grant is not re-asserted: it is reported lost
-        owner = {"task_id": entry.task_id, "reasserted": True}
+        again = dict(entry.reacquire or {"weight": permit.weight})
+        again["owner"] = {**again.get("owner", {}), "task_id": entry.task_id, "reasserted": True}
         try:
-            attempt = permit.semaphore.try_acquire(
-                permit.token, weight=permit.weight, claim=permit.claim, owner=owner
-            )
+            # in its own partition, with its own lease and owner: the partition's cap still
+            # counts it, and a redelivery can still tell whether its process is alive
+            attempt = permit.semaphore.try_acquire(permit.token, claim=permit.claim, **again)
         except Exception as exc:
             log.warning(
                 "could not re-assert the permit after its state was lost: %s; will retry",

@@ -9,6 +9,7 @@ import logging
 import threading
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 import redis
@@ -154,3 +155,35 @@ def test_a_failing_redis_costs_one_call_per_sweep(
         for other in dead:
             beat.unwatch(other)
         beat.unwatch(watched_healthy)
+
+
+def test_a_permit_taken_again_after_its_state_was_lost_keeps_its_partition_and_owner(
+    make_semaphore: SemaphoreFactory, redis_client: redis.Redis
+) -> None:
+    """After Redis lost a semaphore's state, a running body takes its permit again (the
+    re-assert) in its own partition, under its cap, with its owner and lease: not in the
+    default partition, where the partition's cap would no longer count it (issue 17)."""
+    sem = make_semaphore("hb-reassert", 2, lease_ttl=30)
+    fair: dict[str, Any] = {"weight": 1, "partition": "bulk", "partition_cap": 1}
+    owner: dict[str, Any] = {"task_id": "t1", "pid": 1, "claim": "mine"}
+    attempt = sem.try_acquire("t1:0", claim="mine", owner=owner, lease_ttl=30, **fair)
+    assert attempt.permit is not None
+    beat = Heartbeat()
+    beat.register(
+        attempt.permit,
+        interval=10,
+        task_id="t1",
+        reacquire={**fair, "owner": owner, "lease_ttl": 30},
+    )
+    redis_client.delete(*sem.keys.state_keys())  # the state is lost
+    beat._reassert_all(sem)
+    [holder] = sem.holders()
+    assert (holder.token, holder.partition) == ("t1:0", "bulk")
+    assert holder.owner["claim"] == "mine"
+    assert holder.owner["reasserted"] is True
+    # the partition's cap counts it again: a second bulk task waits
+    other = sem.try_acquire("t2:0", place_ttl=5, **fair)
+    assert other.permit is None
+    beat.unregister(attempt.permit)
+    sem.withdraw("t2:0")
+    assert attempt.permit.release()
