@@ -29,7 +29,7 @@ from . import children, config, events, targets
 from .decorators import spec_of
 from .delivery import handled_here, stamped_claim, ticket_of
 from .locks import lock_for, lock_names
-from .spec import Member
+from .spec import Member, check_cap, check_weight
 
 __all__ = ["WorkerStartHook", "connect", "on_worker_start"]
 
@@ -98,12 +98,7 @@ def _check_member(conf: Any, task_name: str, member: Member) -> None:
     if not member.static_weight:
         return  # checked per call
     limit = config.semaphore_limit(conf, member.name, member.limit)
-    if member.weight > limit:
-        raise ValueError(
-            f"task {task_name}: weight={member.weight} exceeds the limit of semaphore "
-            f"{member.name!r} ({limit}, from semaphore_limits); use a weight from 1 to "
-            f"{limit} or raise the limit"
-        )
+    check_weight(f"task {task_name}", member.name, member.weight, limit, "semaphore_limits")
     table = config.APP_SETTINGS["semaphore_queue_limits"][1]
     caps = {**member.queue_limits}
     caps.update(
@@ -112,13 +107,14 @@ def _check_member(conf: Any, task_name: str, member: Member) -> None:
         )
     )
     for partition, cap in caps.items():
-        if member.weight > cap:
-            raise ValueError(
-                f"task {task_name}: weight={member.weight} exceeds the cap of partition "
-                f"{partition!r} on semaphore {member.name!r} ({cap}, from "
-                f"semaphore_queue_limits); a run would never fit; use a cap of at least "
-                f"{member.weight}"
-            )
+        check_cap(
+            f"task {task_name}",
+            member.name,
+            member.weight,
+            partition,
+            cap,
+            "semaphore_queue_limits",
+        )
 
 
 def _release_dead(task: Any, task_id: str | None, request: Any, why: str) -> None:

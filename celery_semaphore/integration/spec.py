@@ -16,7 +16,7 @@ from ..core import _validate
 from . import config
 from .templates import ArgsFn, Template, parameters
 
-__all__ = ["QUEUE", "LimitSpec", "Member", "PartitionRule"]
+__all__ = ["QUEUE", "LimitSpec", "Member", "PartitionRule", "check_cap", "check_weight"]
 
 
 class _Queue:
@@ -210,18 +210,34 @@ def _member(
         weight_fn, static = weight, 1
     else:
         static = _validate.positive_int("weight", weight)
-        if static > checked_limit:
-            raise ValueError(
-                f"{where}: weight={static} is not accepted with limit={checked_limit}: use a "
-                f"weight from 1 to {checked_limit}"
-            )
+        check_weight(where, shown, static, checked_limit, "limit=")
         for part, cap in caps.items():
-            if static > cap:
-                raise ValueError(
-                    f"{where}: weight={static} is not accepted with queue_limits[{part!r}]="
-                    f"{cap}: a run would never fit; use a cap of at least {static}"
-                )
+            check_cap(where, shown, static, part, cap, "queue_limits")
     return Member(shown, checked_limit, static, template, name_fn, weight_fn, dict(caps))
+
+
+def check_weight(where: str, name: str, weight: int, limit: int, source: str) -> None:
+    """The one check that a run's ``weight`` fits its semaphore's ``limit`` (from ``source``),
+    made at decoration, at worker start and per call; ``where``: the task or decorator."""
+    if weight > limit:
+        fix = "" if source == "limit=" else " or raise the limit"
+        raise ValueError(
+            f"{where}: weight={weight} exceeds the limit of semaphore {name!r} ({limit}, from "
+            f"{source}); use a weight from 1 to {limit}{fix}"
+        )
+
+
+def check_cap(
+    where: str, name: str, weight: int, partition: str, cap: int | None, source: str
+) -> None:
+    """The one check that a run's ``weight`` fits the cap of its ``partition`` (from
+    ``source``): a run above it would never be granted in that partition."""
+    if cap is not None and weight > cap:
+        raise ValueError(
+            f"{where}: weight={weight} exceeds the cap of partition {partition!r} on "
+            f"semaphore {name!r} ({cap}, from {source}); the run would never fit; use a "
+            f"weight from 1 to {cap} or raise the cap"
+        )
 
 
 def _partition_rule(value: object) -> PartitionRule:

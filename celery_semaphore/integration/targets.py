@@ -18,7 +18,7 @@ from typing import Any
 
 from ..core import _validate
 from . import config
-from .spec import LimitSpec, Member, _Queue
+from .spec import LimitSpec, Member, _Queue, check_cap, check_weight
 from .templates import Template, call_arguments
 
 __all__ = ["Plan", "Target", "arguments_of", "resolve"]
@@ -159,17 +159,8 @@ def _target(
         weight = _validate.positive_int(
             f"task {task.name}: weight (from {member.weight_fn!r})", member.weight_fn(arguments)
         )
-    if weight > limit:
-        raise ValueError(
-            f"task {task.name}: weight={weight} exceeds the limit of semaphore {name!r} "
-            f"({limit}, from {where}); use a weight from 1 to {limit}"
-        )
+    check_weight(f"task {task.name}", name, weight, limit, where)
     names = (name, member.name) if template is not None else (name,)
     cap = config.partition_cap(conf, names, member.queue_limits, partition)
-    if cap is not None and weight > cap:
-        raise ValueError(
-            f"task {task.name}: weight={weight} exceeds the cap of partition {partition!r} on "
-            f"semaphore {name!r} ({cap}, from queue_limits); the run would never fit; use a "
-            f"weight from 1 to {cap} or raise the cap"
-        )
+    check_cap(f"task {task.name}", name, weight, partition, cap, "queue_limits")
     return Target(member, name, limit, weight, cap)

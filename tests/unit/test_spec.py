@@ -178,7 +178,11 @@ def test_semaphore_limits_apply_to_the_name_then_the_template(app: Celery) -> No
 
 
 def test_static_weight_above_the_limit_fails_at_decoration() -> None:
-    with pytest.raises(ValueError, match="weight=3 is not accepted with limit=2"):
+    with pytest.raises(
+        ValueError,
+        match=r"@limited\('x'\): weight=3 exceeds the limit of semaphore 'x' \(2, from limit=\); "
+        r"use a weight from 1 to 2$",
+    ):
         limited("x", limit=2, weight=3)
 
 
@@ -278,7 +282,9 @@ def test_settings_override_code_caps_and_weights(app: Celery) -> None:
 
 
 def test_weight_above_a_cap(app: Celery) -> None:
-    with pytest.raises(ValueError, match=r"weight=3 is not accepted with queue_limits\['bulk'\]=2"):
+    with pytest.raises(
+        ValueError, match=r"weight=3 exceeds the cap of partition 'bulk' on semaphore 'api' \(2,"
+    ):
         limited("api", limit=5, weight=3, queue_limits={"bulk": 2})
 
     @app.task(shared=False)
