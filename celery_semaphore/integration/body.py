@@ -46,6 +46,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import Any, NoReturn, TypeVar
 
+from celery.exceptions import Reject
 from kombu.utils import json as kombu_json
 
 from .. import logs
@@ -656,17 +657,22 @@ def _hold(
     except (SystemExit, KeyboardInterrupt):
         interrupted = True
         raise
+    except Reject as exc:
+        interrupted = bool(exc.requeue)  # its message comes back, and must run
+        raise
     finally:
         permits.remove(permit)
         heartbeat.unregister(permit)
-        # a ticket that parked may have other copies in flight: remember it long enough that
-        # they find it done and drop themselves
+        # Other copies of this execution may be in flight: a parked copy's siblings, a
+        # redelivery of an acks_late message (a visibility timeout that ran out while the body
+        # ran: that copy waits, parked, and comes back on its back-off).  Remember the ticket
+        # long enough that they find it done and drop themselves.
         tomb = None
         if interrupted:
-            # cut short (cold shutdown, terminate): the execution did not finish, so nothing
-            # may report it done; an acks_late message comes back and must run
+            # cut short (cold shutdown, terminate) or requeued: the execution did not finish,
+            # so nothing may report it done; its message comes back and must run
             tomb = 0.0
-        elif state.epoch > 0 or state.takeover:
+        elif state.epoch > 0 or state.takeover or _acks_late(task):
             tomb = 2 * (opts.retry_backoff_max + PLACE_SLACK + opts.lease_ttl)
         # ops: events (held =)
         held = release_with_retry(permit, tombstone_ttl=tomb, task_id=task.request.id)
@@ -690,6 +696,13 @@ def _hold(
             semaphore=sem.name,
             task_id=task.request.id,
         )
+
+
+def _acks_late(task: Any) -> bool:
+    """Is this execution's message acknowledged only after the body (so the broker may deliver
+    it again while the body runs, or after it ends and before the ack)?"""
+    acks_late = getattr(task.request, "acks_late", None)
+    return bool(getattr(task, "acks_late", False) if acks_late is None else acks_late)
 
 
 def _log_unavailable(task: Any, sem: Lock, exc: Exception) -> None:

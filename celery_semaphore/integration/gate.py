@@ -1083,12 +1083,16 @@ def stamp_delivery(req: Any, app: Any, consumer: Any) -> None:
 
 
 class _QueueStamp:
-    """``on_task_request`` without a gate: stamp limited requests with their queue."""
+    """``on_task_request`` without a gate: stamp limited requests with their claim and
+    queue."""
 
     def __init__(self, consumer: Any, dispatch: Callable[[Any], Any]) -> None:
         self.consumer = consumer
         self.dispatch = dispatch
         self.limited: dict[str, bool] = {}
+        # made now, in the worker's main process before the pool forks, so its children know
+        # the stamps it makes (see delivery.stamped_claim)
+        gate_nonce()
 
     def __call__(self, req: Any) -> Any:
         from .decorators import spec_of

@@ -19,7 +19,7 @@ from tests.conftest import delete_prefix
 
 from . import proj
 from .conftest import RABBIT_URL, delete_rabbit_queue, require_rabbit
-from .helpers import HolderSampler, holders, inside, ledger, max_inside, ran
+from .helpers import HolderSampler, holders, inside, ledger, max_inside, ran, semaphore
 from .workers import Env, Worker, start_worker, wait_until
 
 pytestmark = pytest.mark.timeout(120)
@@ -118,4 +118,27 @@ def test_visibility_timeout_redelivery_does_not_exceed_the_limit(
         client = redis_server.client(0)
         delete_prefix(client, env.prefix)
         client.delete(env.queue)
+        client.close()
+
+
+def test_an_acks_late_execution_is_remembered_until_a_redelivered_copy_could_return(
+    node: tuple[Env, Worker],
+) -> None:
+    """An acks_late message may come again after its body ended (a visibility timeout that ran
+    out while it ran: that copy waits, parked, and comes back on its back-off).  The ticket is
+    remembered as done for longer than such a copy's back-off, not the default 10 s, so the
+    copy finds it done and drops itself instead of running the body twice (issue 17)."""
+    env, _ = node
+    app = env.client_app()
+    result = app.send_task(proj.late_work.name, ("t", 0.05))
+    assert result.get(timeout=30) == "t"
+    client = env.redis()
+    try:
+        wait_until(lambda: not holders(env), 10, what="released")
+        expiry_ms = client.zscore(semaphore(env).keys.expiry, f"h:{result.id}:0")
+        seconds, micros = client.time()
+        assert expiry_ms is not None, "no tombstone left for the finished acks_late execution"
+        left = expiry_ms / 1000 - (seconds + micros / 1e6)
+        assert left > 60, f"the tombstone lasts {left:.1f}s: a redelivered copy could run again"
+    finally:
         client.close()
