@@ -7,7 +7,10 @@ Modes (:meth:`Proxy.set_mode`):
   soon as they are accepted;
 * ``cut``: each reply from the server is, with probability ``p``, never delivered: both sides
   of that connection are closed instead.  The server has run the command; the client sees a
-  dropped connection and (redis-py) sends it again.
+  dropped connection and (redis-py) sends it again;
+* ``scripts``: a connection that sends a script call (EVAL, EVALSHA) is closed before the
+  call reaches Redis (counted in ``cuts``); every other command passes.  A partial failure:
+  the gate's scripts fail while its blocking pops, the broker and other clients work.
 """
 
 from __future__ import annotations
@@ -18,6 +21,9 @@ import threading
 from contextlib import suppress
 
 __all__ = ["Proxy"]
+
+#: how a script call starts on the wire (redis-py sends the command name in upper case)
+_SCRIPT_CALLS = (b"\r\nEVALSHA\r\n", b"\r\nEVAL\r\n")
 
 
 class Proxy:
@@ -30,7 +36,7 @@ class Proxy:
         self.port: int = self._server.getsockname()[1]
         self.mode = "pass"
         self.p = 0.0
-        self.cuts = 0  #: replies withheld in mode ``cut``
+        self.cuts = 0  #: replies withheld in mode ``cut``, script calls dropped in ``scripts``
         self._lock = threading.Lock()
         self._conns: set[socket.socket] = set()
         self._stop = threading.Event()
@@ -42,8 +48,8 @@ class Proxy:
         return f"redis://127.0.0.1:{self.port}/{db}"
 
     def set_mode(self, mode: str, p: float = 0.0) -> None:
-        if mode not in ("pass", "refuse", "cut"):
-            raise ValueError(f"mode={mode!r}: use 'pass', 'refuse' or 'cut'")
+        if mode not in ("pass", "refuse", "cut", "scripts"):
+            raise ValueError(f"mode={mode!r}: use 'pass', 'refuse', 'cut' or 'scripts'")
         with self._lock:
             self.mode, self.p = mode, p
             doomed = list(self._conns) if mode == "refuse" else []
@@ -99,8 +105,17 @@ class Proxy:
                     with self._lock:
                         self.cuts += 1
                     break
+                if not replies and self.mode == "scripts" and _script_call(data):
+                    with self._lock:
+                        self.cuts += 1
+                    break
                 dst.sendall(data)
         except OSError:
             pass
         self._close(src)
         self._close(dst)
+
+
+def _script_call(data: bytes) -> bool:
+    upper = data.upper()
+    return any(call in upper for call in _SCRIPT_CALLS)

@@ -13,8 +13,9 @@ task stays PENDING.
 Real workers on the session's Redis (broker, results and semaphores, in database ``DB``):
 
 * node ``a`` (prefork, 2 children, ``semaphore_worker_hold=1``) reaches the semaphores through
-  a proxy that, in mode ``scripts``, closes every connection that sends a script call
-  (EVALSHA) before Redis sees it; everything else (the gate's BLMPOP, the broker) passes;
+  a proxy that, in mode ``scripts`` (see tests/chaos/proxy.py), closes every connection that
+  sends a script call (EVALSHA) before Redis sees it; everything else (the gate's BLMPOP, the
+  broker) passes;
 * node ``b`` reaches Redis directly, and runs a body of ``main`` (limit 1) that ends when the
   test says.
 
@@ -26,7 +27,6 @@ from __future__ import annotations
 
 import dataclasses
 import re
-import socket
 import time
 import uuid
 from collections.abc import Iterator
@@ -51,39 +51,6 @@ pytestmark = [pytest.mark.chaos, pytest.mark.timeout(120)]
 #: tests') restores every message in it, this test's parked copy included
 DB = 11
 
-#: the two Redis calls a script call is sent as (redis-py sends the command name upper case)
-_SCRIPT_CALLS = (b"\r\nEVALSHA\r\n", b"\r\nEVAL\r\n")
-
-
-class ScriptDropProxy(Proxy):
-    """:class:`Proxy` with one more mode, ``scripts``: a connection that sends a script call
-    is closed before the call reaches Redis (counted in ``cuts``); other commands pass."""
-
-    def set_mode(self, mode: str, p: float = 0.0) -> None:
-        if mode != "scripts":
-            super().set_mode(mode, p)
-            return
-        with self._lock:
-            self.mode, self.p = mode, p
-
-    def _pump(self, src: socket.socket, dst: socket.socket, replies: bool) -> None:
-        try:
-            while True:
-                data = src.recv(65536)
-                if not data:
-                    break
-                if not replies and self.mode == "scripts":
-                    upper = data.upper()
-                    if any(call in upper for call in _SCRIPT_CALLS):
-                        with self._lock:
-                            self.cuts += 1
-                        break
-                dst.sendall(data)
-        except OSError:
-            pass
-        self._close(src)
-        self._close(dst)
-
 
 @dataclasses.dataclass
 class Cluster:
@@ -91,13 +58,13 @@ class Cluster:
     a: Worker
     b: Worker
     b_queue: str
-    proxy: ScriptDropProxy
+    proxy: Proxy
 
 
 @pytest.fixture
 def cluster(redis_server: RedisServer) -> Iterator[Cluster]:
     direct = redis_server.url(DB)
-    proxy = ScriptDropProxy(redis_server.port, redis_server.host)
+    proxy = Proxy(redis_server.port, redis_server.host)
     chaos = Chaos(
         sem_url=direct,
         broker_url=direct,
