@@ -168,9 +168,15 @@ def _plan(
     kwargs: Mapping[str, Any],
     directive: Directive | None,
 ) -> targets.Plan:
-    """This call's targets; the partition is the one the execution already waits in (the
-    gate's, or the one a parked copy carries), else the delivery queue's."""
+    """This call's targets: the gate's, as it resolved them in the consumer; else resolved
+    here, in the partition the execution already waits in (a parked copy carries it), else
+    the delivery queue's."""
     request = task.request
+    if directive is not None and directive.plan is not None:
+        try:
+            return targets.Plan.from_wire(spec, directive.plan)
+        except (KeyError, TypeError, ValueError):
+            pass  # not a plan of this task's (a changed deployment): resolve it here
     if args and args[0] is task:  # a bound task's wrapper gets self first
         args = args[1:]
     known = directive.partition if directive is not None else None

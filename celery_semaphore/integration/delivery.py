@@ -250,7 +250,9 @@ class Directive:
     long: re-publish with a countdown, keeping the place, under the same ``claim``) or
     ``timeout`` (past ``max_wait``: fail with SemaphoreTimeout).  ``partition``: the line the
     execution waits in; ``waited``: seconds since it first asked; ``granted_at``: when the
-    grant was made, on the machine's monotonic clock (the same in every process of it)."""
+    grant was made, on the machine's monotonic clock (the same in every process of it);
+    ``plan``: the call's targets as the gate resolved them (see ``targets.Plan.to_wire``), so
+    the body does not resolve them again."""
 
     nonce: str
     ticket: str
@@ -261,6 +263,7 @@ class Directive:
     expires_at: float = 0.0
     waited: float = 0.0
     granted_at: float = 0.0
+    plan: Mapping[str, Any] | None = None
 
     def to_request(self) -> dict[str, Any]:
         """The plain value that travels in the request (to a prefork child too)."""
@@ -274,6 +277,7 @@ class Directive:
             "expires_at": self.expires_at,
             "waited": self.waited,
             "granted_at": self.granted_at,
+            "plan": self.plan,
         }
 
     @classmethod
@@ -296,6 +300,7 @@ class Directive:
                 expires_at=float(raw["expires_at"]),
                 waited=float(raw["waited"]),
                 granted_at=float(raw["granted_at"]),
+                plan=raw["plan"] if isinstance(raw.get("plan"), Mapping) else None,
             )
         except (KeyError, TypeError, ValueError):
             return None

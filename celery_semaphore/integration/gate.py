@@ -649,7 +649,15 @@ class Gate:
             self.consumer.call_soon(self._dispatch, entry, directive)
 
     def _directive(self, entry: _Entry, do: str, **extra: Any) -> Directive:
-        return Directive(self.nonce, entry.ticket, entry.claim, do, entry.plan.partition, **extra)
+        return Directive(
+            self.nonce,
+            entry.ticket,
+            entry.claim,
+            do,
+            entry.plan.partition,
+            plan=entry.plan.to_wire(),
+            **extra,
+        )
 
     def _dispatch(self, entry: _Entry, directive: Directive | None) -> None:
         req = entry.req

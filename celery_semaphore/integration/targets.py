@@ -48,6 +48,27 @@ class Plan:
     partition: str = ""
     partition_weight: int = 1
 
+    def to_wire(self) -> dict[str, Any]:
+        """This plan as a plain value, to travel with the gate's directive to the body (which
+        rebuilds it with :meth:`from_wire`, without resolving the call again)."""
+        return {
+            "targets": [[t.name, t.limit, t.weight, t.partition_cap] for t in self.targets],
+            "partition": self.partition,
+            "partition_weight": self.partition_weight,
+        }
+
+    @classmethod
+    def from_wire(cls, spec: LimitSpec, wire: Mapping[str, Any]) -> Plan:
+        """The plan :meth:`to_wire` sent, for ``spec``'s members (in their order)."""
+        rows = wire["targets"]
+        if len(rows) != len(spec.members):
+            raise ValueError(f"a plan of {len(rows)} targets for {len(spec.members)} members")
+        targets = tuple(
+            Target(member, str(name), int(limit), int(weight), None if cap is None else int(cap))
+            for member, (name, limit, weight, cap) in zip(spec.members, rows, strict=True)
+        )
+        return cls(targets, str(wire["partition"]), int(wire["partition_weight"]))
+
     def fair(self, target: Target) -> dict[str, Any]:
         """The partition arguments of the core's try_acquire/acquire/wait for ``target``."""
         return {

@@ -4,8 +4,9 @@ decoration time when the value is static, at call time when it comes from the ca
 
 from __future__ import annotations
 
+import json
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any, ClassVar
 
 import pytest
@@ -367,3 +368,37 @@ def test_limited_task_class_options(app: Celery) -> None:
         def run(self, team: str) -> None: ...
 
     assert plan(app.register_task(OneLine()), "ml", queue="q").partition == ""
+
+
+def test_a_plan_travels_from_the_gate_to_the_body_without_resolving_the_call_again(
+    app: Celery,
+) -> None:
+    """The gate resolves a call's targets in the consumer; the body rebuilds them from the
+    directive (``Plan.to_wire``/``from_wire``) instead of calling the name and weight
+    functions again (issue 17)."""
+    calls: list[int] = []
+
+    def weight(arguments: Mapping[str, Any]) -> int:
+        calls.append(1)
+        return int(arguments["gpus"])
+
+    @app.task(shared=False)
+    @limited(
+        ["gpu:{site}", "licence"],
+        limit={"gpu:{site}": 4, "licence": 10},
+        weight=weight,
+        queue_limits={"bulk": 3},
+    )
+    def train(site: str, gpus: int) -> None: ...
+
+    spec = spec_of(train)
+    assert spec is not None
+    sent = plan(train, "eu", 2, queue="bulk")
+    resolved = len(calls)
+    assert resolved > 0
+    wire = json.loads(json.dumps(sent.to_wire()))  # what a prefork child receives
+    assert Plan.from_wire(spec, wire) == sent
+    assert [t.name for t in sent.targets] == ["gpu:eu", "licence"]
+    assert len(calls) == resolved  # the weight function was not called again
+    with pytest.raises(ValueError, match="a plan of 1 targets for 2 members"):
+        Plan.from_wire(spec, {**wire, "targets": wire["targets"][:1]})
