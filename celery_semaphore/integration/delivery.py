@@ -25,6 +25,8 @@ from dataclasses import dataclass, replace
 from enum import Enum
 from typing import Any, TypeGuard
 
+from . import queues
+
 __all__ = [
     "CLAIM_KEY",
     "HOLDING",
@@ -45,6 +47,7 @@ __all__ = [
     "host_owner",
     "note_handled",
     "stamp_claim",
+    "stamp_delivery",
     "stamped_claim",
     "task_id_of",
     "ticket_of",
@@ -212,6 +215,17 @@ def stamp_claim(request_dict: dict[str, Any]) -> str:
     claim = uuid.uuid4().hex
     request_dict[CLAIM_KEY] = {"n": gate_nonce(), "c": claim}
     return claim
+
+
+def stamp_delivery(req: Any, app: Any, consumer: Any) -> None:
+    """Stamp a limited request as this delivery's: its claim (see :data:`CLAIM_KEY`), over
+    anything the message brought, and the queue it was delivered from (see
+    :data:`QUEUE_KEY`: only the consumer can map the message's AMQP consumer tag to its
+    queue)."""
+    stamp_claim(req.request_dict)
+    message = getattr(req, "message", None)
+    info = getattr(message, "delivery_info", None) or req.delivery_info
+    req.request_dict[QUEUE_KEY] = queues.delivery_queue(app, info, consumer) or ""
 
 
 def from_this_worker(raw: Any) -> TypeGuard[Mapping[str, Any]]:

@@ -1,7 +1,7 @@
 """The worker-side gate: a limited task waits for its permit in the consumer, not in a pool slot.
 
 Celery hands every task the worker receives to ``Consumer.on_task_request``, which sends it to
-the pool.  The gate, a consumer bootstep installed at ``worker_init`` when the app has limited
+the pool.  The gate, put there by a consumer bootstep (:mod:`.consumer`) when the app has limited
 tasks and ``semaphore_worker_hold`` is above 0, wraps that call for limited tasks:
 
 * the task is tried at once, in one script, by the gate's arrivals thread (so the consumer
@@ -45,7 +45,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from celery import bootsteps
 from celery.exceptions import WorkerLostError
 from redis.exceptions import ResponseError
 
@@ -54,10 +53,9 @@ from ..core import clock
 from ..core.exceptions import SemaphoreError
 from ..core.keys import node_wake_key
 from ..core.semaphore import HANDOFF_MARK, AttemptStatus, Semaphore
-from . import children, config, events, queues, targets, wakes
+from . import children, config, events, targets, wakes
 from .clients import client_for
 from .delivery import (
-    CLAIM_KEY,
     GATE_HEADER,
     HEADER,
     HOLDING,
@@ -69,7 +67,7 @@ from .delivery import (
     copy_of_execution,
     gate_nonce,
     host_owner,
-    stamp_claim,
+    stamp_delivery,
     stamped_claim,
     task_id_of,
     ticket_of,
@@ -87,7 +85,7 @@ from .locks import (
 )
 from .spec import LimitSpec
 
-__all__ = ["MAX_HOLD", "Gate", "GateStep", "install"]
+__all__ = ["MAX_HOLD", "Gate"]
 
 log = logs.get("gate")
 log_wait = logs.get("wait")
@@ -1077,83 +1075,3 @@ def _expired(req: Any) -> bool:
 
     expires = req.expires
     return bool(expires is not None and expires <= datetime.now(timezone.utc))
-
-
-def stamp_delivery(req: Any, app: Any, consumer: Any) -> None:
-    """Stamp a limited request as this delivery's: its claim (see :data:`CLAIM_KEY`), over
-    anything the message brought, and the queue it was delivered from (see
-    :data:`QUEUE_KEY`: only the consumer can map the message's AMQP consumer tag to its
-    queue)."""
-    stamp_claim(req.request_dict)
-    message = getattr(req, "message", None)
-    info = getattr(message, "delivery_info", None) or req.delivery_info
-    req.request_dict[QUEUE_KEY] = queues.delivery_queue(app, info, consumer) or ""
-
-
-class _QueueStamp:
-    """``on_task_request`` without a gate: stamp limited requests with their claim and
-    queue."""
-
-    def __init__(self, consumer: Any, dispatch: Callable[[Any], Any]) -> None:
-        self.consumer = consumer
-        self.dispatch = dispatch
-        self.limited: dict[str, bool] = {}
-        # made now, in the worker's main process before the pool forks, so its children know
-        # the stamps it makes (see delivery.stamped_claim)
-        gate_nonce()
-
-    def __call__(self, req: Any) -> Any:
-        from .decorators import spec_of
-
-        name = req.task.name
-        if name not in self.limited:
-            self.limited[name] = spec_of(req.task) is not None
-        if self.limited[name]:
-            stamp_delivery(req, self.consumer.app, self.consumer)
-        else:
-            req.request_dict.pop(QUEUE_KEY, None)
-            req.request_dict.pop(CLAIM_KEY, None)
-        return self.dispatch(req)
-
-
-class GateStep(bootsteps.StartStopStep):  # type: ignore[misc]
-    """Consumer bootstep wrapping ``on_task_request`` with a :class:`Gate` (or, when the gate
-    is off, with the queue stamp alone)."""
-
-    label = "celery-semaphore gate"
-    requires = ("celery.worker.consumer.tasks:Tasks",)
-
-    def __init__(self, c: Any, **kwargs: Any) -> None:
-        super().__init__(c, **kwargs)
-        self.gate: Gate | None = None
-        hold = config.APP_SETTINGS["semaphore_worker_hold"][0]
-        hold = int(c.app.conf.get("semaphore_worker_hold", hold))
-        green = bool(getattr(c.pool, "is_green", False))
-        if (getattr(c, "hub", None) is None and not green) or hold <= 0:
-            # no event loop to hand requests back on (and a pool that needs one), or no gate
-            # wanted: the body acquires, knowing its queue
-            c.on_task_request = _QueueStamp(c, c.on_task_request)
-            return
-        self.gate = Gate(c, c.on_task_request, hold)
-        c.on_task_request = self.gate.on_task_request
-
-    def start(self, c: Any) -> None:
-        if self.gate is not None:
-            self.gate.start()
-
-    def stop(self, c: Any) -> None:
-        if self.gate is not None:
-            self.gate.stop()
-
-    def terminate(self, c: Any) -> None:
-        self.stop(c)
-
-    def shutdown(self, c: Any) -> None:
-        self.stop(c)
-
-
-def install(app: Any) -> None:
-    """Add the gate to ``app``'s consumer (idempotent); called at ``worker_init``."""
-    steps = app.steps["consumer"]
-    if GateStep not in steps:
-        steps.add(GateStep)

@@ -75,7 +75,7 @@ def _on_worker_init(sender: Any = None, **_: Any) -> None:
         )
         raise SystemExit(f"celery-semaphore: invalid configuration: {exc}") from exc
     if limited and app.conf.get("semaphore_enabled", True):
-        from .gate import install
+        from .consumer import install
 
         install(app)
 
