@@ -33,7 +33,6 @@ __all__ = [
     "MAX_READABLE",
     "SemaphoreKeys",
     "encode_name",
-    "node_wake_key",
     "validate_prefix",
 ]
 
@@ -96,11 +95,3 @@ class SemaphoreKeys:
     def wake(self, ticket: str) -> str:
         """The list a blocked waiter with ``ticket`` waits on (BLPOP)."""
         return f"{self.base}:wake:{quote(ticket, safe=_SAFE)}"
-
-
-def node_wake_key(key_prefix: str, node: str, nonce: str) -> str:
-    """The list a worker node's gate waits on for wake-ups of the tasks it holds (tickets are
-    pushed onto it); ``nonce`` tells apart successive runs of a node with the same name."""
-    # the nonce as the hash tag: on Redis Cluster the gate's lists (this key and those that
-    # extend it, e.g. its handoff list) share a slot, so one BLMPOP waits on all of them
-    return f"{key_prefix}:gate:{quote(node, safe=_SAFE)}:{{{nonce}}}"

@@ -51,7 +51,6 @@ from redis.exceptions import ResponseError
 from .. import logs
 from ..core import clock
 from ..core.exceptions import SemaphoreError
-from ..core.keys import node_wake_key
 from ..core.semaphore import HANDOFF_MARK, AttemptStatus, Semaphore
 from . import children, config, events, targets, wakes
 from .clients import client_for
@@ -176,7 +175,7 @@ class Gate:
         self.hold = hold
         self.pid = os.getpid()
         self.nonce = gate_nonce()
-        self.key = node_wake_key(
+        self.key = wakes.gate_key(
             self.app.conf.get("semaphore_key_prefix", "celery_semaphore"),
             consumer.hostname,
             self.nonce,

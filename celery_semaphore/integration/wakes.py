@@ -23,6 +23,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from typing import Any, Protocol
+from urllib.parse import quote
 
 from kombu.utils import json as kombu_json
 
@@ -37,6 +38,7 @@ __all__ = [
     "Receiver",
     "Wake",
     "WakeRouter",
+    "gate_key",
     "handoff_item",
     "parse",
     "push",
@@ -46,6 +48,14 @@ __all__ = [
 ]
 
 log_wait = logs.get("wait")
+
+
+def gate_key(key_prefix: str, node: str, nonce: str) -> str:
+    """The list a worker node's gate waits on for the items of the tasks it holds; ``nonce``
+    tells apart successive runs of a node with the same name."""
+    # the nonce as the hash tag: on Redis Cluster the gate's lists (this key and those that
+    # extend it, e.g. its handoff list) share a slot, so one BLMPOP waits on all of them
+    return f"{key_prefix}:gate:{quote(node, safe='-_.')}:{{{nonce}}}"
 
 
 @dataclass(frozen=True)
