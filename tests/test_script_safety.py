@@ -14,7 +14,7 @@ from celery_semaphore.core import _scripts
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "celery_semaphore"
-SCRIPTS = sorted((PACKAGE / "scripts").glob("*.lua"))
+SCRIPTS = sorted((PACKAGE / "core" / "scripts").glob("*.lua"))
 
 CALL = re.compile(r"redis\.p?call\(\s*([^,)]*)\s*(?:,\s*([^,)]*))?")
 KEYLESS = {"TIME"}
@@ -56,7 +56,7 @@ def test_lua_builds_no_code_and_no_key_names(path: Path) -> None:
 
 
 def test_script_text_is_exactly_the_package_files() -> None:
-    pkg = PACKAGE / "scripts"
+    pkg = PACKAGE / "core" / "scripts"
     prelude = (pkg / "_lib.lua").read_text(encoding="utf-8")
     for op in _scripts.OPERATIONS:
         body = (pkg / f"{op}.lua").read_text(encoding="utf-8")
@@ -68,7 +68,7 @@ SCRIPT_CALLS = {"eval", "evalsha", "eval_ro", "evalsha_ro", "register_script", "
 
 def _script_call_sites() -> list[tuple[str, int, str]]:
     found = []
-    for path in sorted(PACKAGE.glob("*.py")):
+    for path in sorted(PACKAGE.rglob("*.py")):
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
             if not isinstance(node, ast.Call) or not isinstance(node.func, ast.Attribute):
                 continue
@@ -94,7 +94,7 @@ def test_only_the_script_loader_sends_scripts_and_only_file_text() -> None:
         for formatting in ("f'", 'f"', ".format(", " % ", " + "):
             assert formatting not in call, (line, call)
     # and the loader registers source(op) only
-    loader = (PACKAGE / "_scripts.py").read_text(encoding="utf-8")
+    loader = (PACKAGE / "core" / "_scripts.py").read_text(encoding="utf-8")
     assert "client.register_script(source(op))" in loader
 
 
@@ -105,7 +105,7 @@ def test_no_pickle_or_eval_of_data_in_the_package() -> None:
     """Our own stored data (owner, registry, audit, wake copies) is JSON; the task message
     serializer is the user's business, never ours."""
     problems = []
-    for path in sorted(PACKAGE.glob("*.py")):
+    for path in sorted(PACKAGE.rglob("*.py")):
         tree = ast.parse(path.read_text(encoding="utf-8"))
         for node in ast.walk(tree):
             if isinstance(node, ast.Import):
