@@ -174,9 +174,11 @@ def _plan(
     request = task.request
     if directive is not None and directive.plan is not None:
         try:
-            return targets.Plan.from_wire(spec, directive.plan)
+            sent = targets.Plan.from_wire(spec, directive.plan)
         except (KeyError, TypeError, ValueError):
-            pass  # not a plan of this task's (a changed deployment): resolve it here
+            sent = None  # not a plan of this task's (a changed deployment): resolved here
+        if sent is not None:
+            return sent
     if args and args[0] is task:  # a bound task's wrapper gets self first
         args = args[1:]
     known = directive.partition if directive is not None else None

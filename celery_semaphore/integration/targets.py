@@ -58,11 +58,12 @@ class Plan:
         }
 
     @classmethod
-    def from_wire(cls, spec: LimitSpec, wire: Mapping[str, Any]) -> Plan:
-        """The plan :meth:`to_wire` sent, for ``spec``'s members (in their order)."""
+    def from_wire(cls, spec: LimitSpec, wire: Mapping[str, Any]) -> Plan | None:
+        """The plan :meth:`to_wire` sent, for ``spec``'s members (in their order); None when
+        it has another number of targets (a deployment that changed the task meanwhile)."""
         rows = wire["targets"]
         if len(rows) != len(spec.members):
-            raise ValueError(f"a plan of {len(rows)} targets for {len(spec.members)} members")
+            return None
         targets = tuple(
             Target(member, str(name), int(limit), int(weight), None if cap is None else int(cap))
             for member, (name, limit, weight, cap) in zip(spec.members, rows, strict=True)

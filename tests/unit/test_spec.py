@@ -400,5 +400,4 @@ def test_a_plan_travels_from_the_gate_to_the_body_without_resolving_the_call_aga
     assert Plan.from_wire(spec, wire) == sent
     assert [t.name for t in sent.targets] == ["gpu:eu", "licence"]
     assert len(calls) == resolved  # the weight function was not called again
-    with pytest.raises(ValueError, match="a plan of 1 targets for 2 members"):
-        Plan.from_wire(spec, {**wire, "targets": wire["targets"][:1]})
+    assert Plan.from_wire(spec, {**wire, "targets": wire["targets"][:1]}) is None
