@@ -437,7 +437,8 @@ class SemaphoreGroup:
                     return attempt
         finally:
             waiting = attempt is None or attempt.status is AttemptStatus.WAITING
-            self._leave(ticket, wake_keys if blocked else [], waiting, keep_place)
+            claim = str(attempt_options.get("claim", ""))
+            self._leave(ticket, wake_keys if blocked else [], waiting, keep_place, claim)
 
     def _block(self, wake_keys: list[str], seconds: float) -> bool:
         try:
@@ -451,13 +452,18 @@ class SemaphoreGroup:
             ) from exc
 
     def _leave(
-        self, ticket: str, wake_keys: list[str], waiting: bool, keep_place: float | None
+        self,
+        ticket: str,
+        wake_keys: list[str],
+        waiting: bool,
+        keep_place: float | None,
+        claim: str,
     ) -> None:
         try:
             if waiting and keep_place is None:
                 self.withdraw(ticket)
             elif waiting and keep_place is not None:
-                self.refresh_token(ticket, place_ttl=max(0.001, keep_place))
+                self.refresh_token(ticket, place_ttl=max(0.001, keep_place), claim=claim)
             if wake_keys:
                 self.client.delete(*wake_keys)
         except (RedisError, SemaphoreError) as exc:

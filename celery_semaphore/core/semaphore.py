@@ -841,7 +841,11 @@ class Semaphore:
         finally:
             waiting = attempt is None or attempt.status is AttemptStatus.WAITING
             self._leave(
-                ticket, wake_key if blocked else None, waiting=waiting, keep_place=keep_place
+                ticket,
+                wake_key if blocked else None,
+                waiting=waiting,
+                keep_place=keep_place,
+                claim=str(attempt_options.get("claim", "")),
             )
 
     def _block(self, wake_key: str, seconds: float) -> bool:
@@ -856,14 +860,21 @@ class Semaphore:
             ) from exc
 
     def _leave(
-        self, ticket: str, wake_key: str | None, *, waiting: bool, keep_place: float | None
+        self,
+        ticket: str,
+        wake_key: str | None,
+        *,
+        waiting: bool,
+        keep_place: float | None,
+        claim: str,
     ) -> None:
         try:
             if waiting and keep_place is None:
                 self.withdraw(ticket)
             elif waiting and keep_place is not None:
                 # the caller keeps its place with its own ticket: restore the place's lifetime
-                self.refresh_token(ticket, place_ttl=max(0.001, keep_place))
+                # (under its claim: a grant another copy holds meanwhile is not extended)
+                self.refresh_token(ticket, place_ttl=max(0.001, keep_place), claim=claim)
             if wake_key is not None:
                 self.client.delete(wake_key)
         except (RedisError, SemaphoreError) as exc:

@@ -11,7 +11,7 @@ from collections.abc import Callable
 import pytest
 import redis
 
-from celery_semaphore import Permit, Semaphore, SemaphoreTimeout
+from celery_semaphore import AttemptStatus, Permit, Semaphore, SemaphoreTimeout
 
 SemaphoreFactory = Callable[..., Semaphore]
 WAIT = 5.0
@@ -396,3 +396,34 @@ def test_url_semaphore_works_after_fork(redis_url: str, key_prefix: str) -> None
     again = sem.acquire(blocking=False)
     assert again is not None
     assert again.fencing_token == 3
+
+
+def test_a_wait_that_keeps_its_place_never_extends_another_copys_grant(
+    make_semaphore: SemaphoreFactory,
+) -> None:
+    """A wait that ends without a grant keeps its place with a refresh; when another copy of
+    the same ticket was granted meanwhile (under its own claim), that refresh must not extend
+    the other copy's lease: it carries the waiting copy's claim (issue 17)."""
+    sem = make_semaphore("keep-place", 1, lease_ttl=30)
+    blocker = sem.try_acquire("blocker", claim="b")
+    assert blocker.permit is not None
+
+    def other_copy_is_granted() -> bool:
+        blocker.permit.release()  # type: ignore[union-attr]
+        other = sem.try_acquire("T:0", claim="other-copy", lease_ttl=1)
+        assert other.permit is not None
+        return True  # and this wait gives up, still WAITING in its own eyes
+
+    attempt = sem.wait(
+        "T:0",
+        timeout=10,
+        place_ttl=5,
+        keep_place=30,
+        give_up=other_copy_is_granted,
+        claim="this-copy",
+    )
+    assert attempt.status is AttemptStatus.WAITING
+    [holder] = sem.holders()
+    assert holder.token == "T:0"
+    assert holder.lease_remaining <= 1.0, "the waiting copy's refresh extended another's lease"
+    sem.release_token("T:0", claim="other-copy")
