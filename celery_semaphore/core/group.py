@@ -41,6 +41,7 @@ from .semaphore import (
     Permit,
     Semaphore,
     _default_owner_text,
+    _done_mode,
     log,
 )
 
@@ -253,6 +254,7 @@ class SemaphoreGroup:
         wake_grace: float = 1.0,
         epoch: int = 0,
         check_done: bool = False,
+        new_execution: bool = False,
         lease_ttl: float | None = None,
         partition: str = "",
         partition_caps: Mapping[str, int | None] | None = None,
@@ -285,7 +287,7 @@ class SemaphoreGroup:
         lease_ms = self._sems[0]._ms(lease or min(sem.lease_ttl for sem in self._sems))
         numbers = (
             f"{lease_ms} {int(place * 1000)} {int(wake_grace * 1000)} {epoch} "
-            f"{1 if check_done else 0} {part_weight} {self._aging_ms()}"
+            f"{_done_mode(check_done, new_execution)} {part_weight} {self._aging_ms()}"
         )
         reply = self._run(
             "group_acquire",

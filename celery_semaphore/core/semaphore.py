@@ -540,6 +540,7 @@ class Semaphore:
         wake_grace: float = 1.0,
         epoch: int = 0,
         check_done: bool = False,
+        new_execution: bool = False,
         lease_ttl: float | None = None,
         partition: str = "",
         partition_cap: int | None = None,
@@ -555,7 +556,11 @@ class Semaphore:
             whoever freed them gets ``on_wake(ticket, wake_data)``.
         :param wake_grace: a waiter is named in wake-ups at most once per this many seconds.
         :param epoch: a call with an epoch lower than the place's is refused as STALE.
-        :param check_done: report DONE for a ticket released within its tombstone time.
+        :param check_done: report DONE for a ticket released within its tombstone time (and
+            drop the ticket's place, if it has one: that execution is over).
+        :param new_execution: this call starts a new execution of a ticket used before (a task
+            id sent again): forget that it was released, so the new execution's own later
+            ``check_done`` calls are not answered DONE.  Not with ``check_done``.
         :param partition: the line to wait in ("" is the default one); free units are shared
             fairly among partitions with waiters (see "Fair sharing" in the docs).
         :param partition_cap: the partition never holds more than this many units (None: no
@@ -575,7 +580,8 @@ class Semaphore:
         # see acquire.lua for the ARGV; the integers travel as one argument
         numbers = (
             f"{weight} {self.limit} {self._ms(lease or self.lease_ttl)} {int(place * 1000)} "
-            f"{int(wake_grace * 1000)} {epoch} {1 if check_done else 0} {cap} {part_weight} "
+            f"{int(wake_grace * 1000)} {epoch} {_done_mode(check_done, new_execution)} {cap} "
+            f"{part_weight} "
             f"{self._aging_ms}"
         )
         reply = self._run("acquire", [ticket, numbers, claim, owner_text, wake_data, part])
@@ -1010,6 +1016,17 @@ class Semaphore:
 
     def __repr__(self) -> str:
         return f"<Semaphore {self.name!r} limit={self.limit} prefix={self.key_prefix!r}>"
+
+
+def _done_mode(check_done: bool, new_execution: bool) -> int:
+    """The scripts' ``check_done`` number: 1 report a released ticket as done, 2 forget that
+    it was (a new execution of it), 0 neither."""
+    if check_done and new_execution:
+        raise ValueError(
+            "check_done=True and new_execution=True are not accepted together: a call either "
+            "continues an execution (check_done) or starts a new one (new_execution)"
+        )
+    return 1 if check_done else 2 if new_execution else 0
 
 
 def _owner(raw: Any) -> dict[str, Any]:

@@ -273,6 +273,7 @@ def _common(
         "claim": claim,
         "epoch": state.epoch,
         "check_done": copy_of_execution(state),
+        "new_execution": not copy_of_execution(state),
         "lease_ttl": opts.lease_ttl,
     }
 

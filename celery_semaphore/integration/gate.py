@@ -532,6 +532,7 @@ class Gate:
                 epoch=state.epoch,
                 # a copy of an execution may have run already; a first delivery is a new request
                 check_done=copy_of_execution(state),
+                new_execution=not copy_of_execution(state),
                 lease_ttl=entry.opts.lease_ttl,
                 **lock_kwargs(entry.plan),
             )
@@ -664,10 +665,14 @@ class Gate:
             entry.dispatched = True
             if entry.stage is Stage.GRANTED:
                 entry.delivery.move(Stage.RUNNING)
-        if directive is not None and directive.do == "run" and req.revoked():
-            # revoked while it waited: revoked() acknowledged it; give the permit back
-            self._forget_pending(entry)
-            self._release(entry, "it was revoked before it started")
+        if entry.stage in (Stage.RUNNING, Stage.HANDED_OVER) and req.revoked():
+            # revoked on its way: revoked() acknowledged it, and the pool would drop it; what
+            # it took with it goes back (its grant, or its place and any grant to it)
+            if entry.stage is Stage.RUNNING:
+                self._forget_pending(entry)
+                self._release(entry, "it was revoked before it started")
+            else:
+                self._withdraw(entry, "it was revoked on its way to the pool")
             return
         if directive is not None:
             req.request_dict[GATE_HEADER] = directive.to_request()
@@ -982,14 +987,7 @@ class Gate:
                 self._counted -= 1
                 self.consumer.qos.decrement_eventually()
         if entry.stage is not Stage.HANDED_OVER and withdraw:
-            try:
-                if not entry.sem.withdraw(entry.ticket):
-                    self._give_back_handoff(entry)  # a release may have granted it meanwhile
-            except SemaphoreError as exc:
-                self._failed_at = clock.monotonic()
-                log_wait.warning(
-                    "withdraw failed: %s", exc, semaphore=entry.sem.name, task_id=entry.req.id
-                )
+            self._withdraw(entry, why)
         log_wait.info(
             "task %s: %s after %.1fs held",
             entry.req.name,
@@ -1002,6 +1000,18 @@ class Gate:
             self.consumer.call_soon(entry.req.revoked)
         else:
             self.consumer.call_soon(self._dispatch, entry, directive)
+
+    def _withdraw(self, entry: _Entry, why: str) -> None:
+        """Take ``entry``'s place out of line, and give back a grant a release made to it
+        meanwhile (under its claim)."""
+        try:
+            if not entry.sem.withdraw(entry.ticket):
+                self._give_back_handoff(entry)  # a release may have granted it meanwhile
+        except SemaphoreError as exc:
+            self._failed_at = clock.monotonic()
+            log_wait.warning(
+                "withdraw failed (%s): %s", why, exc, semaphore=entry.sem.name, task_id=entry.req.id
+            )
 
     def _maintain_pending(self, entry: _Entry, now: float) -> None:
         """A grant handed to the pool: keep its lease alive until the body starts and its own

@@ -8,6 +8,7 @@ import json
 import uuid
 from collections.abc import Callable
 
+import pytest
 import redis
 
 from celery_semaphore import AttemptStatus, Semaphore
@@ -159,3 +160,41 @@ def test_new_tickets_look_like_uuid4_hex() -> None:
         assert parsed.hex == ticket
         assert parsed.version == 4
         assert parsed.variant == uuid.RFC_4122
+
+
+def test_a_copy_that_finds_its_ticket_done_leaves_no_place_behind(
+    make_semaphore: SemaphoreFactory,
+) -> None:
+    """DONE ends the execution: a place the ticket still had is dropped with it, instead of
+    standing at the head of the line until it expires (issue 17, found by the model test)."""
+    sem = make_semaphore("done-place", 1)
+    first = sem.try_acquire("T")
+    assert first.permit is not None
+    assert first.permit.release()
+    blocker = sem.try_acquire("blocker").permit
+    assert blocker is not None
+    assert sem.try_acquire("T", place_ttl=60).status is AttemptStatus.WAITING  # a place again
+    assert sem.try_acquire("T", place_ttl=60, check_done=True).status is AttemptStatus.DONE
+    assert sem.waiters() == []
+    assert blocker.release()
+
+
+def test_a_new_execution_of_a_ticket_forgets_that_it_ran(make_semaphore: SemaphoreFactory) -> None:
+    """A task id sent again later starts a new execution: its own later copies (check_done)
+    must not be answered DONE because of the earlier execution's tombstone."""
+    sem = make_semaphore("new-execution", 1)
+    first = sem.try_acquire("T")
+    assert first.permit is not None
+    assert first.permit.release()
+    blocker = sem.try_acquire("blocker").permit
+    assert blocker is not None
+    fresh = sem.try_acquire("T", place_ttl=60, new_execution=True)
+    assert fresh.status is AttemptStatus.WAITING
+    copy = sem.try_acquire("T", place_ttl=60, check_done=True, epoch=1)
+    assert copy.status is AttemptStatus.WAITING, "the new execution's copy was taken as done"
+    assert blocker.release()
+    granted = sem.try_acquire("T", place_ttl=60, check_done=True, epoch=1)
+    assert granted.permit is not None
+    assert granted.permit.release()
+    with pytest.raises(ValueError, match="not accepted together"):
+        sem.try_acquire("U", check_done=True, new_execution=True)

@@ -294,6 +294,13 @@ local function tombstone(token)
   return redis.call('ZSCORE', K_EXP, 'h:' .. token) or redis.call('ZSCORE', K_EXP, 'd:' .. token)
 end
 
+-- Forget that `token` was released (its tombstone, and one set aside by a grant): a new
+-- execution of the ticket starts, and its later copies must not be taken for the old one's.
+-- Only for a token that is not held (its 'h:' member is then a tombstone, if anything).
+local function forget_done(token)
+  redis.call('ZREM', K_EXP, 'h:' .. token, 'd:' .. token)
+end
+
 -- Remove the waiter `ticket` (its parsed state field: `info`) from the line.
 local function drop_waiter(ticket, info)
   waiting = waiting - redis.call('ZREM', K_LINE, line_member(info.p, info.seq, ticket))

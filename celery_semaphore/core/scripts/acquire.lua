@@ -15,6 +15,10 @@
 --                           with the place; also the default for other waiters named here)
 --            epoch          a call whose epoch is below the place's epoch is stale
 --            check_done     1 = report a ticket released within its tombstone time as done
+--                           (and drop its place: the execution is over); 2 = this call
+--                           starts a new execution of the ticket: an old tombstone is
+--                           forgotten, so its later copies are not taken for the old one's;
+--                           0 = neither
 --            cap            the partition's cap (-1: none); stored with the partition
 --            part_weight    the partition's weight (1..1000); stored with the partition
 --            aging_ms       a head waiter that does not fit reserves the free units once it has
@@ -48,6 +52,7 @@ if not (weight and client_limit and lease_ms and place_ttl and grace and epoch a
     and part_weight and aging) then
   return redis.error_reply('ERR acquire: ARGV[2] is not ten numbers: ' .. ARGV[2])
 end
+local forget = check_done == '2'
 check_done = check_done == '1'
 
 local held, raw, fence, part_raw = begin('h:' .. ticket, 'w:' .. ticket, 'fence', 'p:' .. part)
@@ -69,8 +74,10 @@ if held then
   return finish({2, held_fence, expiry, now, limit})
 end
 if check_done and tombstone(ticket) then
+  if raw then drop_waiter(ticket, parse_waiter(raw)) end
   return finish({4, 0, 0, now, limit})
 end
+if forget then forget_done(ticket) end
 if weight > limit then return finish({6, limit, 0, now, limit}) end
 
 local info

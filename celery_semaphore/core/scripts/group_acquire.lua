@@ -6,6 +6,8 @@
 -- KEYS: three per member (see _lib.lua), member i at KEYS[3i-2 .. 3i], in the group's order.
 -- ARGV[1]  ticket
 -- ARGV[2]  numbers    seven integers: lease_ms place_ttl_ms wake_grace_ms epoch check_done
+--                     (check_done as in acquire.lua: 1 reports a tombstone as done and drops
+--                     the places, 2 forgets an old tombstone, 0 neither)
 --                     part_weight aging_ms (as in acquire.lua)
 -- ARGV[3]  claim, ARGV[4] owner, ARGV[5] wake data, ARGV[6] partition (as in acquire.lua)
 -- ARGV[7]  per member, three integers each: weight limit cap (cap -1: none)
@@ -28,6 +30,7 @@ epoch, part_weight, aging = tonumber(epoch), tonumber(part_weight), tonumber(agi
 if not (lease_ms and place_ttl and grace and epoch and part_weight and aging) then
   return redis.error_reply('ERR group_acquire: ARGV[2] is not seven numbers: ' .. ARGV[2])
 end
+local forget = check_done == '2'
 check_done = check_done == '1'
 local m = #KEYS / 3
 local spec = {}
@@ -86,9 +89,25 @@ if n_held > 0 then
   return finish(reply(2, 0, expiry, 0, fences))
 end
 if check_done then
+  local done = false
   for i = 1, m do
     use(i)
-    if tombstone(ticket) then return finish(reply(4, 0, 0, 0)) end
+    if tombstone(ticket) then done = true end
+  end
+  if done then
+    -- the execution is over: its places go too
+    for i = 1, m do
+      if M[i].raw then
+        use(i)
+        drop_waiter(ticket, parse_waiter(M[i].raw))
+      end
+    end
+    return finish(reply(4, 0, 0, 0))
+  end
+elseif forget then
+  for i = 1, m do
+    use(i)
+    forget_done(ticket)
   end
 end
 for i = 1, m do
