@@ -843,7 +843,6 @@ class Gate:
         ``on_failure``) only when it notices, sometimes seconds later.  A child seen gone is
         given :data:`REAP_EVERY` for its last result to reach the consumer (a child that
         exits after finishing, e.g. ``max_tasks_per_child``, released its permit itself)."""
-        from celery.worker import state
 
         me = os.getpid()
         now = clock.monotonic()
@@ -852,7 +851,7 @@ class Gate:
         for entry in running:
             req = entry.req
             pid = getattr(req, "worker_pid", None)
-            if not pid or pid == me or req.id not in state.requests:
+            if not pid or pid == me or not _in_pool(req):
                 continue
             if children.alive(pid):
                 entry.dead_since = 0.0
@@ -1017,10 +1016,9 @@ class Gate:
         """A grant handed to the pool: keep its lease alive until the body starts and its own
         heartbeat takes over; forget it once the request is done (until then, on prefork,
         :meth:`_reap_dead` watches the child running it)."""
-        from celery.worker import state
 
         req = entry.req
-        if req.id not in state.requests:
+        if entry.dispatched and not _in_pool(req):
             self._forget_pending(entry)
             return
         if req.time_start is not None:
@@ -1056,6 +1054,14 @@ def _after(entries: list[_Entry], ticket: str | None) -> list[_Entry]:
         if entry.ticket == ticket:
             return entries[i + 1 :] + entries[: i + 1]
     return entries
+
+
+def _in_pool(req: Any) -> bool:
+    """Is ``req`` (this very request object, not just its task id: another message may reuse
+    the id) reserved for the pool or running there?"""
+    from celery.worker import state
+
+    return req in state.reserved_requests or req in state.active_requests
 
 
 def _submit_anywhere(consumer: Any) -> bool:

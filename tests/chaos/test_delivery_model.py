@@ -957,6 +957,27 @@ FOUND: dict[str, list[tuple[str, dict[str, Any]]]] = {
         ("tick", {"node": 0, "seconds": 901.0}),
         ("revoke", {"which": 0}),
     ],
+    # a second message with the id of a task granted but not yet in the pool: the second
+    # finished first, and the gate, reading "done" from the task id, forgot the first's
+    # grant: it was never released once the first was revoked
+    "same-id-ends-first-then-revoke": [
+        ("send", {"node": 0}),
+        ("arrivals", {"node": 0}),
+        ("send_again", {"node": 0, "which": 0}),
+        ("pool_starts", {"which": 0}),
+        ("tick", {"node": 0, "seconds": 0.0}),
+        ("revoke", {"which": 0}),
+    ],
+    # ... and, the same way, was handed to the pool after the gate stopped
+    "same-id-ends-first-then-stop": [
+        ("send", {"node": 0}),
+        ("arrivals", {"node": 0}),
+        ("send_again", {"node": 0, "which": 0}),
+        ("pool_starts", {"which": 0}),
+        ("tick", {"node": 0, "seconds": 0.0}),
+        ("stop", {"node": 0}),
+        ("hub", {"node": 0}),
+    ],
     # a timeout on its way to the pool when the gate stopped was still handed to the pool,
     # while the unacknowledged message was delivered again
     "timeout-after-stop": [
