@@ -11,16 +11,17 @@ tasks and ``semaphore_worker_hold`` is above 0, wraps that call for limited task
 * otherwise the request is **held** in the consumer: unacknowledged, like an ETA task, and off
   the pool, so the slot stays free for other work; the consumer's prefetch window grows by one
   for each held task, so other messages keep flowing.  Its place in the semaphore's FIFO line
-  names this node's wake list; the release that frees units for it pushes its ticket there
-  (or, in this very process, calls :meth:`Gate.wake`), and the gate claims the grant and hands
-  the request to the pool.
+  names this node's wake list; the release that frees units for it grants them to it and
+  pushes the grant there (or wakes it, for a group; in this very process it calls the gate
+  directly: see :mod:`.wakes`), and the gate hands the request to the pool with that grant.
 
 A timeline of a task that waits, then runs (``T`` arrives while the limit is taken)::
 
     consumer   T received ──► held (no slot) ──► arrivals thread: try_acquire("T-id:0")
                                                   → WAITING, position 2
-    any worker a holder's body ends ──► release names T ──► LPUSH T onto T's node wake list
-    gate thread BLMPOP returns T ──► try_acquire → GRANTED ──► hub.call_soon(dispatch T)
+    any worker a holder's body ends ──► release grants T the unit (a handoff, under T's
+               claim) ──► RPUSH "h <fence> <expiry> <claim> T" onto the node's wake list
+    gate thread BLMPOP returns it ──► the claim is T's ──► hub.call_soon(dispatch T)
     consumer   T goes to the pool with its grant ──► the body runs, releases in ``finally``
 
 The gate's thread also keeps held places alive, repairs lost wake-ups, refreshes the leases of
