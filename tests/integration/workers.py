@@ -109,10 +109,19 @@ class Worker:
             self.process.wait(timeout=10)
 
     def child_pids(self) -> list[int]:
-        out = subprocess.run(
-            ["pgrep", "-P", str(self.process.pid)], capture_output=True, text=True, check=False
-        )
-        return [int(p) for p in out.stdout.split()]
+        """The worker's child processes, read from ``/proc`` (no ``pgrep``: slim images lack
+        procps)."""
+        found = []
+        for stat in Path("/proc").glob("[0-9]*/stat"):
+            try:
+                text = stat.read_text(encoding="ascii", errors="replace")
+            except OSError:  # the process ended meanwhile
+                continue
+            # "pid (comm) state ppid ...": comm may hold spaces and parentheses
+            fields = text.rpartition(")")[2].split()
+            if len(fields) > 1 and fields[1] == str(self.process.pid):
+                found.append(int(stat.parent.name))
+        return sorted(found)
 
 
 def start_worker(
