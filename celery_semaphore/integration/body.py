@@ -157,7 +157,7 @@ def run_limited(
     if directive is not None:
         return _run_gated(task, sem, weights, opts, owner, directive, call, fair, plan.partition)
     if request.called_directly or request.is_eager or not request.id:
-        return _run_blocking(task, sem, opts, owner, call, fair, plan.partition)
+        return _run_blocking(task, sem, opts, owner, call, fair)
     return _acquire_and_run(task, sem, opts, owner, call, fair, plan.partition)
 
 
@@ -285,7 +285,6 @@ def _run_blocking(
     owner: dict[str, Any],
     call: Callable[[], _T],
     fair: dict[str, Any],
-    partition: str,
 ) -> _T:
     """Eager mode and direct calls: a Retry would recurse, so block for a bounded time."""
     bound = opts.max_wait
