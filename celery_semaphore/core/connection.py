@@ -394,8 +394,8 @@ def check(url: str, *, cluster: bool = False, options: Mapping[str, Any] | None 
     if _is_config_error(failure):
         raise ValueError(f"cannot use Redis at {safe_url(url)}: {reason}") from None
     log.warning(
-        "celery-semaphore: Redis at %s is not reachable now (%s); limited tasks will fail "
-        "until it is",
+        "celery-semaphore: Redis at %s is not reachable now (%s); limited tasks wait (held "
+        "by the worker, or parked in the broker) until it answers: none runs without a permit",
         safe_url(url),
         reason,
         semaphore=None,

@@ -95,3 +95,8 @@ class SemaphoreKeys:
     def wake(self, ticket: str) -> str:
         """The list a blocked waiter with ``ticket`` waits on (BLPOP)."""
         return f"{self.base}:wake:{quote(ticket, safe=_SAFE)}"
+
+    def gone(self, token: str) -> str:
+        """Why the permit ``token`` was released by someone other than its holder (a STRING
+        with a short TTL, read by the holder's heartbeat when it finds the permit gone)."""
+        return f"{self.base}:gone:{quote(token, safe=_SAFE)}"

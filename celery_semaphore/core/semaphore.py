@@ -76,6 +76,9 @@ DEFAULT_AGING = 2.0
 WakeHandler = Callable[[str, str], None]
 #: ``on_handoff(ticket, data, fencing_token, lease_expires_at, claim)``: see :class:`Semaphore`
 HandoffHandler = Callable[[str, str, int, float, str], None]
+#: seconds a forced release's reason stays readable (:meth:`Semaphore.release_reason`)
+GONE_TTL = 600.0
+
 #: Wake data ending with this marks a parked waiter that takes *handoffs*: a release (by a
 #: Semaphore with ``on_handoff``) grants it the units it frees for it, under the claim its
 #: owner metadata names (``owner["claim"]``, a non-empty string; the same claim it waits
@@ -631,6 +634,7 @@ class Semaphore:
         claim: str = "",
         timed: bool = True,
         handoff: bool = True,
+        reason: str = "",
     ) -> bool:
         """Release the permit held under ``token``.  True if it was held (or this very release
         was already applied by a re-sent call); False if it was not held.  With ``claim``,
@@ -638,8 +642,14 @@ class Semaphore:
         tombstone (the token may be acquired again at once).  ``timed=False``: the hold ended
         no finished work (a forced release, a grant given back unused), so it does not count
         in :attr:`Snapshot.hold_time_avg`.  ``handoff=False``: grant nothing by handoff (see
-        ``on_handoff``), only name the waiters."""
+        ``on_handoff``), only name the waiters.  ``reason``: why someone other than the
+        holder releases it (e.g. "forced by alice@ops-1"); kept for :data:`GONE_TTL` seconds,
+        for the holder to read with :meth:`release_reason`."""
         tomb = _validate.optional_non_negative_seconds("tombstone_ttl", tombstone_ttl)
+        if reason:
+            # written first: a holder that finds its permit gone finds the reason with it
+            key = self.keys.gone(token)
+            self._call(lambda: self.client.set(key, reason, px=int(GONE_TTL * 1000)))
         tomb_ms = self._ms(DEFAULT_TOMBSTONE_TTL) if tomb is None else int(tomb * 1000)
         # see release.lua for the ARGV; the integers travel as one argument
         handler = self.on_handoff if handoff else None
@@ -663,6 +673,13 @@ class Semaphore:
         elif len(reply) > 1:
             self._wake(reply[1:])
         return int(reply[0]) in (1, 2)
+
+    def release_reason(self, token: str) -> str | None:
+        """Why permit ``token`` was released by someone other than its holder (the
+        ``reason`` given to :meth:`release_token`), or None: nobody said (its lease expired
+        and was reclaimed, or it was released without a reason)."""
+        raw = self._call(lambda: self.client.get(self.keys.gone(token)))
+        return None if raw is None else _text(raw)
 
     def refresh_token(
         self,
@@ -700,9 +717,13 @@ class Semaphore:
             return None
         return int(reply[1]) / 1000
 
-    def withdraw(self, ticket: str) -> bool:
-        """Give up a place in line.  True if there was one."""
-        reply = self._run("withdraw", [ticket, self.limit, 1000, self._aging_ms])
+    def withdraw(self, ticket: str, *, wake: bool = False) -> bool:
+        """Give up a place in line.  True if there was one.  ``wake=True`` (someone else
+        withdraws it, e.g. an operator's reset) also wakes the waiter itself, as a release
+        would, so it finds out at once that its place is gone and asks again; a parked one is
+        woken only through ``on_wake``."""
+        flag = 1 if wake else 0
+        reply = self._run("withdraw", [ticket, self.limit, 1000, self._aging_ms, flag])
         self._wake(reply[1:])
         return int(reply[0]) == 1
 

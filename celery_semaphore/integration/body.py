@@ -351,7 +351,7 @@ def _acquire_and_run(
             # keep_place: when the wait ends without a grant, the place stays for _park
             emit_waited(sem, request.id, task.name, "slot", attempt.position)
             log_wait.info(
-                "task %s waits in its worker slot (limit %d, position %s) for up to %.1fs "
+                "task %s waits in a slot of its worker (limit %d, position %s) for up to %.1fs "
                 "(wait_timeout)",
                 task.name,
                 sem.limit,
@@ -563,7 +563,8 @@ def _park(
     sig.apply_async(countdown=countdown)
     emit_waited(sem, request.id, task.name, "parked", position)
     log_wait.info(
-        "task %s waits (limit %d, position %s, waited %.1fs): parked for %.2fs (wait #%d)",
+        "task %s waits (limit %d, position %s, waited %.1fs): parked in the broker for %.2fs "
+        "(wait #%d)",
         task.name,
         sem.limit,
         position,

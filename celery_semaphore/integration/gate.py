@@ -47,7 +47,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from celery.exceptions import WorkerLostError
-from redis.exceptions import ResponseError
+from redis.exceptions import RedisError
 
 from .. import logs
 from ..core import clock
@@ -83,6 +83,7 @@ from .locks import (
     lost_at_grant,
     quarantined,
 )
+from .outage import Outage
 from .spec import LimitSpec
 
 __all__ = ["MAX_HOLD", "Gate"]
@@ -202,6 +203,14 @@ class Gate:
         self._blmpop = True  # until the server says it has no BLMPOP (before Redis 7)
         #: when a Redis call last failed, and when the last tick ended (see _redis_ok)
         self._failed_at = float("-inf")
+        #: Redis failing for the gate thread: logged when it starts and, counted, when it ends
+        self.outage = Outage(
+            log,
+            "gate: Redis is failing (%s: %s); held tasks stay held, keeping their place, and "
+            "none runs without a permit; logged again when it answers",
+            "gate: Redis answers again after %.1fs (%d failed call(s) meanwhile); held tasks "
+            "carry on",
+        )
         self._tick_ended = 0.0
         #: the held task whose Redis call failed in the last tick that made any
         self._failed_on: str | None = None
@@ -356,7 +365,12 @@ class Gate:
         # pool and a release for a dead child all carry it; another delivery of the same
         # ticket never gets this one's grant
         claim = stamped_claim(req) or uuid.uuid4().hex
-        owner = {**host_owner(req.id, req.name, self.consumer.hostname), "claim": claim}
+        # held_by: `show` and `explain` say which node holds the task, off the pool
+        owner = {
+            **host_owner(req.id, req.name, self.consumer.hostname),
+            "claim": claim,
+            "held_by": self.consumer.hostname,
+        }
         if isinstance(sem, Semaphore):
             # takes handoffs (see Semaphore(on_handoff=...)): granted under its owner's claim
             wake_data = "@" + self.handoff_key
@@ -600,8 +614,8 @@ class Gate:
 
     def _log_wait(self, entry: _Entry) -> None:
         log_wait.info(
-            "task %s waits (limit %d, position %s): held by the worker, off the pool, until a "
-            "release wakes it%s",
+            "task %s waits (limit %d, position %s): held by a worker (this one), off the pool, "
+            "until a release wakes it%s",
             entry.req.name,
             entry.sem.limit,
             entry.position,
@@ -774,6 +788,7 @@ class Gate:
                     client = self._client()
                 wait = max(0.05, min(TICK, next_tick - clock.monotonic()))
                 items = self._take_wakes(client, wait)
+                self.outage.ok()
             except Exception as exc:
                 # Redis failing: no wake-ups, but the tick still runs (revoked tasks go, those
                 # past max_wait time out, those held too long park), without Redis calls
@@ -796,9 +811,12 @@ class Gate:
 
     def _carry_on(self, exc: Exception) -> None:
         self._failed_at = clock.monotonic()
-        log.warning(
-            "gate: %s: %s; carrying on", type(exc).__name__, exc, semaphore=None, task_id=None
-        )
+        if isinstance(exc, RedisError):  # once per outage, counted when it ends
+            self.outage.failed(exc)
+        else:  # a bug: every time
+            log.warning(
+                "gate: %s: %s; carrying on", type(exc).__name__, exc, semaphore=None, task_id=None
+            )
 
     def _take_arrivals(self) -> None:
         """The arrivals thread: the first attempt of every request received, in order; and,
@@ -878,8 +896,8 @@ class Gate:
             # Redis 7: one round trip takes the whole batch
             try:
                 found = client.blmpop(wait, len(keys), *keys, direction="LEFT", count=WAKE_BATCH)
-            except ResponseError as exc:
-                if "unknown command" not in str(exc).lower():
+            except RedisError as exc:
+                if not _no_such_command(exc):
                     raise
                 self._blmpop = False  # Redis 6: BLPOP, then LPOP the rest
             else:
@@ -1091,3 +1109,10 @@ def _expired(req: Any) -> bool:
 
     expires = req.expires
     return bool(expires is not None and expires <= datetime.now(timezone.utc))
+
+
+def _no_such_command(exc: Exception) -> bool:
+    """The server (Redis 6: "unknown command") or redis-py's cluster client, which checks its
+    node's command table first ("... doesn't exist in Redis commands"), has no such command."""
+    text = str(exc).lower()
+    return "unknown command" in text or "doesn't exist in redis commands" in text

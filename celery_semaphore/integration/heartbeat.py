@@ -22,6 +22,7 @@ from __future__ import annotations
 import math
 import os
 import threading
+import time
 from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -275,13 +276,7 @@ class Heartbeat:
         if lost_state and self._reassert(entry):
             return
         self.unregister(permit)
-        log.error(
-            "permit LOST (token %s): its lease expired and was reclaimed, so another task may "
-            "now hold this unit",
-            permit.token,
-            semaphore=permit.semaphore.name,
-            task_id=entry.task_id,
-        )
+        _log_loss(permit, entry.task_id)
         # ops: events
         events.emit(
             "lease_lost", name=permit.semaphore.name, task_id=entry.task_id, token=permit.token
@@ -295,6 +290,48 @@ class Heartbeat:
                     semaphore=permit.semaphore.name,
                     task_id=entry.task_id,
                 )
+
+
+def _log_loss(permit: Any, task_id: str | None) -> None:
+    """Say why a running task's permit is gone: an operator forced its release (the reason
+    they left), or its lease expired and was reclaimed, or another caller released it."""
+    sem = permit.semaphore
+    try:
+        reason = sem.release_reason(permit.token) if isinstance(sem, Semaphore) else None
+    except Exception:  # Redis failing: say what the lease tells
+        reason = None
+    if reason:
+        log.warning(
+            "permit RELEASED (token %s): %s; this task keeps running without it, so another "
+            "task may now hold this unit",
+            permit.token,
+            reason,
+            semaphore=sem.name,
+            task_id=task_id,
+        )
+        return
+    if permit.lease_expires_at <= time.time() + EXPIRY_SLACK:
+        log.error(
+            "permit LOST (token %s): its lease expired and was reclaimed, so another task may "
+            "now hold this unit",
+            permit.token,
+            semaphore=sem.name,
+            task_id=task_id,
+        )
+        return
+    log.error(
+        "permit LOST (token %s): released by another caller before its lease expired (a "
+        "release_token() call or a reset without a reason), so another task may now hold "
+        "this unit",
+        permit.token,
+        semaphore=sem.name,
+        task_id=task_id,
+    )
+
+
+#: seconds of clock difference between this host and Redis tolerated when telling an expired
+#: lease from an early release
+EXPIRY_SLACK = 1.0
 
 
 #: the process-wide heartbeat

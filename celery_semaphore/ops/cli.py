@@ -141,15 +141,27 @@ class _Ops:
 
     def semaphore(self, entry: Any) -> Any:
         """A (cached) Semaphore object for a Known entry."""
+        from ..integration.wakes import WakeRouter
         from .views import semaphore_for_known
 
         key = (entry.name, entry.configured_limit)
         sem = self._semaphores.get(key)
         if sem is None:
             hash_tag = self.app.conf.get("semaphore_hash_tag", None)
-            sem = semaphore_for_known(self.client, self.prefix, entry, hash_tag)
+            # wakes tasks held by a worker or parked in the broker, as a worker's release
+            # would: a forced release or a reset lets them ask again at once
+            on_wake = WakeRouter(self.app, entry.name)
+            sem = semaphore_for_known(self.client, self.prefix, entry, hash_tag, on_wake)
             self._semaphores[key] = sem
         return sem
+
+
+def _who() -> str:
+    """The operator, as the audit log names them: ``user@host``."""
+    from .audit import operator
+
+    me = operator()
+    return f"{me['user']}@{me['host']} (celery semaphore)"
 
 
 def _safe_url(url: str) -> str:
@@ -300,7 +312,7 @@ def release(
     """Force the release of a permit of NAME, by TOKEN or --task-id (asks first unless --yes;
     logged, with who did it).
 
-    The task itself keeps running: its heartbeat then reports the permit lost."""
+    The task itself keeps running: its heartbeat then reports the permit released."""
     from . import audit, views
 
     if (token is None) == (task_id is None):
@@ -331,8 +343,10 @@ def release(
             confirmed = False
         if not confirmed:
             _fail("release cancelled (use --yes to skip the question)", EXIT_CANCELLED)
+    who = _who()
     for holder in targets:
-        released = sem.release_token(holder.token, timed=False)  # its task did not end
+        # timed=False: its task did not end; the reason is what its heartbeat will log
+        released = sem.release_token(holder.token, timed=False, reason=f"forced by {who}")
         audit.record(
             ops.client,
             ops.prefix,
@@ -351,7 +365,7 @@ def release(
         click.echo(
             f"semaphore {name!r}: {what} token {holder.token} (task "
             f"{holder.owner.get('task_id') or '?'}, {holder.weight} unit(s)); the task, if "
-            "still running, keeps running and its heartbeat reports the permit lost"
+            "still running, keeps running and its heartbeat reports the permit released"
         )
 
 
@@ -364,8 +378,8 @@ def release(
 def reset(ctx: click.Context, /, name: str, yes: bool, forget: bool, **_: Any) -> None:
     """Drop every holder and waiter of NAME (asks first unless --yes).
 
-    Running tasks keep running (their heartbeat reports the permit lost); waiting tasks come
-    back on their countdown and queue again.  The runtime override and the fencing counter
+    Running tasks keep running (their heartbeat reports the permit released by the reset);
+    waiting tasks are woken at once and queue again.  The runtime override and the fencing counter
     are kept."""
     from . import audit, registry
 
@@ -384,8 +398,10 @@ def reset(ctx: click.Context, /, name: str, yes: bool, forget: bool, **_: Any) -
             confirmed = False
         if not confirmed:
             _fail("reset cancelled (use --yes to skip the question)", EXIT_CANCELLED)
-    withdrawn = sum(1 for w in snap.waiters if sem.withdraw(w.ticket))
-    released = sum(1 for h in snap.holders if sem.release_token(h.token, timed=False))
+    # wake=True: each withdrawn task learns at once that its place is gone and asks again
+    withdrawn = sum(1 for w in snap.waiters if sem.withdraw(w.ticket, wake=True))
+    why = f"reset by {_who()}"
+    released = sum(1 for h in snap.holders if sem.release_token(h.token, timed=False, reason=why))
     sem.reclaim()
     forgotten = registry.forget(ops.client, ops.prefix, name) if forget else False
     audit.record(

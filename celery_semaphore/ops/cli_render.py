@@ -6,6 +6,8 @@ import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from . import views
+
 __all__ = ["audit_lines", "detail", "duration", "explanation", "listing", "top_frame"]
 
 BAR_WIDTH = 30
@@ -167,7 +169,7 @@ def detail(data: Mapping[str, Any]) -> str:
                         w["partition"] or None,
                         w["weight"],
                         duration(w["waited"]),
-                        "parked" if w["parked"] else "blocked",
+                        _how(w),
                     ]
                     for w in waiters
                 ],
@@ -179,6 +181,23 @@ def detail(data: Mapping[str, Any]) -> str:
         lines.append("RECENT OPERATOR ACTIONS")
         lines.append(audit_lines(actions, indent="  "))
     return "\n".join(lines)
+
+
+#: ``explain``'s sentence for each way of waiting (see :func:`views.how_waiting`)
+_HOW_LONG = {
+    views.HELD: "held by a worker ({node}), off the pool, unacknowledged; the release that "
+    "frees its units hands them to it",
+    views.SLOT: "waiting in a slot of its worker's pool, woken by the release",
+    views.PARKED: "parked in the broker (re-published with a countdown); the release that "
+    "frees its units wakes it",
+    views.BLOCKED: "blocked in a direct acquire (outside a Celery worker), woken by the release",
+}
+
+
+def _how(w: Mapping[str, Any]) -> str:
+    if w["how"] == views.HELD and w.get("held_by"):
+        return f"held by {w['held_by']}"
+    return str(w["how"])
 
 
 def explanation(r: Mapping[str, Any]) -> str:
@@ -196,11 +215,7 @@ def explanation(r: Mapping[str, Any]) -> str:
         cap_text = _partition_line(cap["detail"])
     else:
         cap_text = f"the semaphore's limit, {_limit(r)}"
-    how = (
-        "parked (re-queued with a countdown; the release that frees its units wakes it)"
-        if w["parked"]
-        else "blocked in its worker slot (or a direct acquire), woken by the release"
-    )
+    how = _HOW_LONG.get(w["how"], w["how"]).format(node=w.get("held_by") or "?")
     lines = [
         f"task {r['task_id']} ({w['task'] or '?'}) is waiting for semaphore {r['name']!r}",
         f"  place in line: {w['position']} (0 is the head); {len(r['ahead'])} waiter(s) "
@@ -222,7 +237,7 @@ def explanation(r: Mapping[str, Any]) -> str:
                         a["task"],
                         a["weight"],
                         duration(a["waited"]),
-                        "parked" if a["parked"] else "blocked",
+                        _how(a),
                     ]
                     for a in r["ahead"]
                 ],

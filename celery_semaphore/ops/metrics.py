@@ -86,9 +86,9 @@ class EventMetrics:
         self.acquired = counter("celery_semaphore_acquired", "Permits granted to tasks.")
         self.waits = counter(
             "celery_semaphore_waits",
-            "Times a task could not get a permit at once (mode: held = held by its worker's "
-            "gate, off the pool; slot = waited in its worker slot; parked = re-queued with a "
-            "countdown).",
+            "Times a task could not get a permit at once (mode: held = held by a worker, "
+            "off the pool; slot = waiting in a slot of its worker; parked = parked in the "
+            "broker, re-published with a countdown).",
             "mode",
         )
         self.timeouts = counter(

@@ -13,7 +13,7 @@ fields are empty.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from ..core.semaphore import HolderInfo, Semaphore, Snapshot, WaiterInfo
@@ -30,17 +30,23 @@ __all__ = [
 
 
 def semaphore_for_known(
-    client: Any, prefix: str, entry: Known, hash_tag: str | None = None
+    client: Any,
+    prefix: str,
+    entry: Known,
+    hash_tag: str | None = None,
+    on_wake: Callable[[str, str], None] | None = None,
 ) -> Semaphore:
     """A Semaphore object to read (or operate on) ``entry``.  Its limit is the configured one
     (a runtime override in Redis wins anyway); 1 when nothing is known.  ``hash_tag``: the
-    app's ``semaphore_hash_tag`` (the keys live under it)."""
+    app's ``semaphore_hash_tag`` (the keys live under it).  ``on_wake``: how its releases
+    and withdrawals wake tasks held by a worker or parked in the broker."""
     return Semaphore(
         entry.name,
         entry.configured_limit or 1,
         redis=client,
         key_prefix=prefix,
         hash_tag=hash_tag,
+        on_wake=on_wake,
     )
 
 
@@ -125,6 +131,24 @@ def _holder(h: HolderInfo, now: float) -> dict[str, Any]:
     }
 
 
+#: How a waiter waits, in the words the CLI, the logs and the docs all use.
+HELD = "held by a worker"
+SLOT = "waiting in a slot"
+PARKED = "parked in the broker"
+BLOCKED = "blocked (direct acquire)"
+
+
+def how_waiting(owner: Mapping[str, Any], parked: bool) -> str:
+    """A waiter's state: held by a worker's gate (off the pool), waiting in a worker slot,
+    parked in the broker (re-published with a countdown), or a direct ``acquire`` outside
+    Celery."""
+    if owner.get("held_by"):
+        return HELD
+    if parked:
+        return PARKED
+    return SLOT if owner.get("task_id") else BLOCKED
+
+
 def _waiter(w: WaiterInfo, now: float) -> dict[str, Any]:
     owner = w.owner
     return {
@@ -136,6 +160,8 @@ def _waiter(w: WaiterInfo, now: float) -> dict[str, Any]:
         "weight": w.weight,
         "waited": round(now - w.waiting_since, 3),
         "parked": w.parked,
+        "how": how_waiting(owner, w.parked),
+        "held_by": owner.get("held_by"),
         "place_left": round(w.place_remaining, 3),
         "partition": getattr(w, "partition", None),
     }

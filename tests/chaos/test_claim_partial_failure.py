@@ -150,7 +150,7 @@ def test_overflow_task_sent_to_its_slot_by_a_failed_retry_still_runs(cluster: Cl
         # its slot, whose wrapper fails too and parks it (its copy comes back in BACKOFF s)
         proxy.set_mode("scripts")
         wait_until(lambda: proxy.cuts > 0, 10, what="a script call of node a is dropped")
-        _wait_bounded(lambda: "parked for" in _lines(a, overflow.id), 5.0)
+        _wait_bounded(lambda: "parked in the broker for" in _lines(a, overflow.id), 5.0)
         faulted = time.monotonic()
         proxy.set_mode("pass")
 

@@ -238,7 +238,9 @@ def test_a_grant_that_lapsed_before_the_pool_started_it_is_not_run_on(scene: Sce
 
 # -- while Redis fails: the gate thread's tick still runs, without Redis calls -----------------
 
-CARRYING_ON = containing("carrying on")  # the gate thread's pop on its wake list failed
+#: the gate thread's pop on its wake list failed: logged once per outage
+REDIS_FAILING = containing("gate: Redis is failing")
+REDIS_BACK = containing("gate: Redis answers again after")
 
 
 def test_while_redis_fails_a_task_held_too_long_stays_held_and_parks_once_redis_answers(
@@ -252,11 +254,17 @@ def test_while_redis_fails_a_task_held_too_long_stays_held_and_parks_once_redis_
         monkeypatch.setattr(gate_module, "PARK_ANYWAY", 1e9)
         proxy.set_mode("refuse")
         _hold_too_long(monkeypatch)
-        assert gate_log.wait_count(CARRYING_ON, 3, 20), "the gate never saw Redis fail"
+        assert gate_log.wait_count(REDIS_FAILING, 1, 20), "the gate never saw Redis fail"
+        wait_until(lambda: scene.gate.outage.failures >= 3, 20, what="3 failed pops")
+        assert gate_log.count(REDIS_FAILING) == 1  # once per outage, not once per failure
         assert scene.gate.held() == [scene.ticket]  # its place may take a handoff: it stays
         assert scene.consumer.soon == []
         proxy.set_mode("pass")
         assert scene.pool_takes_work() == ["park"]
+        # the end of the outage is logged once, with how many calls failed
+        assert gate_log.wait_count(REDIS_BACK, 1, 20), "the end of the outage was not logged"
+        [back] = [r for r in gate_log.records if REDIS_BACK(r)]
+        assert "failed call(s) meanwhile" in back.getMessage()
 
 
 def test_while_redis_fails_a_task_held_far_too_long_parks_anyway(
@@ -279,7 +287,7 @@ def test_while_redis_fails_a_held_task_past_max_wait_times_out(
         scene.hold_the_task()
         proxy.set_mode("refuse")
         assert scene.pool_takes_work() == ["timeout"]
-        assert gate_log.count(CARRYING_ON) > 0  # it timed out while Redis was refused
+        assert gate_log.count(REDIS_FAILING) == 1  # it timed out while Redis was refused
         proxy.set_mode("pass")
 
 

@@ -140,7 +140,7 @@ def test_fifo_within_each_partition(two_queues: tuple[Env, str, str], hold: int)
     finally:
         app.close()
         stop_workers([node])
-    assert ("parked for" in node.log()) == (hold == 0)
+    assert ("parked in the broker for" in node.log()) == (hold == 0)
     samples = collect(env, sent)
     order = {tag: i for i, tag in enumerate(sent)}
     assert inversions(samples, order) == 0

@@ -17,6 +17,7 @@ import redis
 from celery_semaphore import Semaphore
 from celery_semaphore.core.semaphore import HANDOFF_MARK
 from celery_semaphore.integration import wakes
+from celery_semaphore.ops import views
 from celery_semaphore.ops.testing import RedisServer
 from tests.conftest import delete_prefix
 
@@ -73,13 +74,17 @@ def test_waiting_tasks_are_held_off_the_pool(node: tuple[Env, Worker]) -> None:
         assert time.monotonic() - began < 5
         assert ran(env) == []  # no limited body ran without the unit
         assert [w.owner.get("host") for w in sem.waiters()] == [worker.name] * len(tags)
+        # `show` and `explain` say so, in the docs' words
+        hows = {views.how_waiting(w.owner, w.parked) for w in sem.waiters()}
+        assert hows == {views.HELD}
+        assert {w.owner.get("held_by") for w in sem.waiters()} == {worker.name}
     finally:
         held.release()
     assert [r.get(timeout=30) for r in results] == tags
     assert started(env) == tags  # FIFO: in the order they arrived
     assert max_inside(env) == 1
     wait_until(lambda: not holders(env) and not sem.waiters(), 10, what="nothing left")
-    assert "parked for" not in worker.log()  # held, never re-published
+    assert "parked in the broker for" not in worker.log()  # held, never re-published
 
 
 def test_release_hands_the_unit_to_a_held_task_at_once(node: tuple[Env, Worker]) -> None:
@@ -97,7 +102,7 @@ def test_release_hands_the_unit_to_a_held_task_at_once(node: tuple[Env, Worker])
         held.release()
     assert result.get(timeout=20) == "p"
     assert time.monotonic() - released_at < 3
-    assert "parked for" not in worker.log()
+    assert "parked in the broker for" not in worker.log()
 
 
 def test_revoked_while_held_never_runs_and_leaves_nothing(node: tuple[Env, Worker]) -> None:

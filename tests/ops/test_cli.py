@@ -204,7 +204,30 @@ def test_show_lists_holders_and_waiters(cli: Cli, make_semaphore: SemaphoreFacto
     assert "WAITERS (2)" in text
     waiter_lines = text.split("WAITERS (2)")[1].strip().splitlines()
     assert waiter_lines[1].split()[:3] == ["0", "t3", "ops.one"]
-    assert waiter_lines[2].split()[-1] == "parked"
+    assert waiter_lines[1].endswith("waiting in a slot")
+    assert waiter_lines[2].endswith("parked in the broker")
+
+
+def test_show_says_how_each_waiter_waits(cli: Cli, make_semaphore: SemaphoreFactory) -> None:
+    """One vocabulary (docs/cli.md): held by a worker, in a slot, parked, a direct acquire."""
+    sem = make_semaphore("ways", 1)
+    assert sem.acquire(owner=owner("holder")) is not None
+    held = {**owner("h"), "held_by": "celery@node-7"}
+    sem.try_acquire("h:0", owner=held, place_ttl=60, wake_data="@gate-list")
+    sem.try_acquire("s:0", owner=owner("s"), place_ttl=60)
+    sem.try_acquire("p:0", owner=owner("p"), place_ttl=60, wake_data="{}")
+    sem.try_acquire("d:0", owner={"host": "script"}, place_ttl=60)
+    data = json.loads(cli("show", "ways", "--json").stdout)
+    assert [(w["ticket"], w["how"], w["held_by"]) for w in data["waiter_list"]] == [
+        ("h:0", "held by a worker", "celery@node-7"),
+        ("s:0", "waiting in a slot", None),
+        ("p:0", "parked in the broker", None),
+        ("d:0", "blocked (direct acquire)", None),
+    ]
+    text = cli("show", "ways").stdout
+    assert text.split("WAITERS (4)")[1].strip().splitlines()[1].endswith("held by celery@node-7")
+    explained = cli("explain", "h").stdout
+    assert "held by a worker (celery@node-7), off the pool" in explained
 
 
 # -- explain --------------------------------------------------------------------------------------

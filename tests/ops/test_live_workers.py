@@ -20,6 +20,7 @@ from celery import Celery
 from prometheus_client.parser import text_string_to_metric_families
 
 from celery_semaphore.ops import registry
+from celery_semaphore.ops.audit import operator
 from celery_semaphore.ops.testing import RedisServer
 from tests.conftest import delete_prefix
 from tests.integration import proj
@@ -187,12 +188,16 @@ def test_show_explain_top_release_and_reset_on_live_tasks(
     assert not sleepers[0].ready()
     # the sleeper's heartbeat (every 2 s) finds its permit gone, logs it (naming the semaphore
     # and the task, in the worker's own log) and counts it
-    lost = f"[semaphore=main task={sleepers[0].id}] permit LOST"
+    # (and says what happened: an operator forced it, not an expired lease)
+    lost = f"[semaphore=main task={sleepers[0].id}] permit RELEASED (token "
     wait_until(
         lambda: any(lost in n.log() for n in fleet.nodes),
         15,
-        what="the heartbeat reports the released permit lost",
+        what="the heartbeat reports the permit released by the operator",
     )
+    who = operator()
+    assert any(f"forced by {who['user']}@{who['host']}" in n.log() for n in fleet.nodes)
+    assert not any("permit LOST" in n.log() for n in fleet.nodes)
     wait_until(
         lambda: (
             total(fleet, "celery_semaphore_lease_lost_total", semaphore="main") == lost_before + 1

@@ -240,11 +240,13 @@ def test_acquire_wait_forced_release_lost_lease_and_release_are_logged(
         assert forced.action == "release"  # type: ignore[attr-defined]
         assert f"release by {who['user']}@{who['host']} (pid {who['pid']})" in forced.getMessage()
 
-        # the first task still runs: its heartbeat finds the permit gone
+        # the first task still runs: its heartbeat finds the permit gone, and says why
         lost = records.wait_for(
-            "the lost lease, at ERROR", on("heartbeat", logging.ERROR, first.id, "permit LOST")
+            "the forced release, seen by the heartbeat, at WARNING",
+            on("heartbeat", logging.WARNING, first.id, "permit RELEASED"),
         )
         assert_names(lost, NAME, first.id)
+        assert f"forced by {who['user']}@{who['host']}" in lost.getMessage()
 
         # the freed unit went to the waiting task
         started_second, finish_second = bodies.events(second.id)

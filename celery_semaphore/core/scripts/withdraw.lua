@@ -6,14 +6,22 @@
 -- ARGV[2] limit          the caller's limit (a runtime limit_override in state wins)
 -- ARGV[3] wake_grace_ms  see acquire.lua
 -- ARGV[4] aging_ms       see acquire.lua
+-- ARGV[5] wake_self      '1': also name the withdrawn waiter itself (first), so it learns at
+--                        once that its place is gone (an operator's reset) and asks again
 --
 -- Returns {status, wake pairs...}: status 1 the place was removed, 0 there was none.
 local ticket = ARGV[1]
 local raw = begin('w:' .. ticket)
 local status = 0
+local reply = {status}
 if raw then
-  drop_waiter(ticket, parse_waiter(raw))
-  status = 1
+  local info = parse_waiter(raw)
+  drop_waiter(ticket, info)
+  reply[1] = 1
+  if ARGV[5] == '1' and (CAN_DISPATCH or info.d == '') then
+    reply[2] = ticket
+    reply[3] = info.d
+  end
 end
 local list = entitled(effective_limit(tonumber(ARGV[2])), tonumber(ARGV[4]))
-return collect_wakes(list, '', tonumber(ARGV[3]), {status})
+return collect_wakes(list, ticket, tonumber(ARGV[3]), reply)
