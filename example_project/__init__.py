@@ -10,7 +10,8 @@ on 4 GPUs.  The pieces:
 * ``services.py``: stand-ins for the gateway, the LLM API and the GPUs, which count the calls
   they serve at once (``meter.py``), independently of the semaphores;
 * ``demo.py`` (``python -m example_project``, ``make demo``): starts a Redis and two workers,
-  floods them, and checks the limits held; ``processes.py``, ``plot.py`` and ``png.py`` serve it.
+  floods them, and checks the limits held; ``processes.py`` and ``plot.py`` (drawn with
+  matplotlib, the ``demo`` extra) serve it.
 
 Run it by hand like any Celery project::
 

@@ -12,8 +12,10 @@
 4. shows, about once a second, the permits in use per semaphore and per queue (as the
    semaphore reports them) next to the calls the services are serving (counted inside the
    task bodies, independently of the semaphore: :mod:`example_project.meter`);
-5. ends with a summary table and a PNG plot of concurrency over time, and exits non-zero when
-   a service ever saw more calls at once than its limit, a permit leaked or work was lost.
+5. ends with a summary table and a PNG plot of concurrency over time (drawn with matplotlib,
+   the ``demo`` extra: :mod:`example_project.plot`; without it the plot is skipped and the
+   summary still printed), and exits non-zero when a service ever saw more calls at once than
+   its limit, a permit leaked or work was lost.
 
 Every process it starts is stopped again on the way out (Ctrl-C included), by process group.
 """
@@ -47,6 +49,8 @@ from .processes import WorkerProcess, start_worker, wait_ready
 
 QUEUES = ["interactive", "bulk"]
 WORKERS = [("prefork", 3), ("threads", 8)]
+#: where the plot goes without ``--png``: relative, so in the current directory
+DEFAULT_PNG = Path("celery-semaphore-demo.png")
 
 
 @dataclass(frozen=True)
@@ -374,8 +378,8 @@ def _steps(run: Run, name: str) -> tuple[list[tuple[float, int]], dict[str, list
 
 
 def _panels(run: Run) -> list[plot.Panel]:
-    """One panel per semaphore (in all, and per queue); one for all the semaphores of a name
-    template (one line each)."""
+    """One panel per semaphore (in all, and per queue, with the queues' caps); one for all the
+    semaphores of a name template (one line each)."""
     panels = []
     by_template: dict[str, plot.Panel] = {}
     for limit in run.limits:
@@ -383,21 +387,30 @@ def _panels(run: Run) -> list[plot.Panel]:
         if limit.template is not None:
             panel = by_template.get(limit.template)
             if panel is None:
-                panel = by_template[limit.template] = plot.Panel(limit.template, limit.limit)
+                title = f"{limit.template} (one semaphore each)"
+                panel = by_template[limit.template] = plot.Panel(title, limit.limit)
                 panels.append(panel)
-            color = plot.PALETTE[len(panel.series) % len(plot.PALETTE)]
-            panel.series.append(plot.Series(limit.name, total, color))
+            panel.series.append(plot.Series(limit.name, total))
             continue
-        series = [plot.Series("in use", total, plot.PALETTE[0], width=4)]
-        for i, queue in enumerate(QUEUES, start=1):
-            if per_queue.get(queue):
-                series.append(plot.Series(queue, per_queue[queue], plot.PALETTE[i]))
-        marks = [
-            (f"{q} cap {cap}", cap, plot.PALETTE[1 + QUEUES.index(q)])
-            for q, cap in limit.queue_caps.items()
-        ]
+        series = [plot.Series("in use", total, filled=True)]
+        series += [plot.Series(q, per_queue[q]) for q in QUEUES if per_queue.get(q)]
+        marks = [plot.Mark(f"{q} cap", cap) for q, cap in limit.queue_caps.items()]
         panels.append(plot.Panel(limit.name, limit.limit, series, marks))
     return panels
+
+
+def write_plot(panels: list[plot.Panel], duration: float, path: Path) -> tuple[str | None, str]:
+    """Save the plot at ``path``: (the absolute path written, or None when it could not be,
+    and the line that says so). A missing matplotlib or an unwritable path costs the plot,
+    never the summary or the exit status."""
+    try:
+        plot.render(panels, duration, path)
+    except plot.MatplotlibMissing as exc:
+        return None, f"no plot: {exc}"
+    except OSError as exc:
+        return None, f"no plot: could not write {path}: {exc}"
+    written = str(path.absolute())
+    return written, f"plot of concurrency over time: {written}"
 
 
 # -- processes and clean-up ----------------------------------------------------------------------
@@ -435,7 +448,7 @@ def _delete_prefix(client: redis.Redis, prefix: str) -> None:
         client.delete(key)
 
 
-def main(argv: list[str] | None = None) -> int:
+def argument_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m example_project",
         description="Run example_project on two real Celery workers under a flood of work, "
@@ -450,15 +463,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--png",
         type=Path,
-        default=Path(tempfile.gettempdir()) / "celery-semaphore-demo.png",
-        help="where to write the plot (default: %(default)s)",
+        default=DEFAULT_PNG,
+        help="where to write the plot (default: %(default)s, in the current directory; "
+        f"needs matplotlib: {plot.INSTALL_HINT})",
     )
     parser.add_argument(
         "--primitive",
         action="store_true",
         help="the standalone Semaphore demo instead (threads, no Celery)",
     )
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = argument_parser().parse_args(argv)
     if args.primitive:
         from .primitive_demo import main as primitive_main
 
@@ -543,6 +561,10 @@ def _flood_and_watch(
         for limit in run.limits
     }
     schedule = _flood(plan, tasks)
+    try:
+        plot.require_matplotlib()
+    except plot.MatplotlibMissing as exc:  # said now, and again under the summary
+        print(f"the run goes on, but {exc}")
     view = LiveView()
     print(
         "every second: permits in use per semaphore, and per queue (tasks waiting in its "
@@ -571,10 +593,9 @@ def _flood_and_watch(
     view.show(_view_lines(run, semaphores))
     leaked = {name: len(sem.holders()) for name, sem in semaphores.items()}
     summary = summarize(run, leaked, duration)
-    plot.render(_panels(run), duration, png_path)
-    summary["png"] = str(png_path)
+    summary["png"], plot_line = write_plot(_panels(run), duration, png_path)
     print(render_summary(summary))
-    print(f"\nplot of concurrency over time: {png_path}")
+    print(f"\n{plot_line}")
     if json_path is not None:
         json_path.write_text(json.dumps(summary, indent=2) + "\n")
     if not summary["complete"]:

@@ -1,28 +1,71 @@
-"""Concurrency over time, one panel per semaphore, with its limit: a PNG (see :mod:`.png`)."""
+"""The demo's plot: units in use over time, one panel per semaphore, drawn with matplotlib.
+
+Each panel shows its series as steps (a value holds until the next change), the semaphore's
+limit as a solid red line and any other level (a queue's cap) as a dashed line, each labelled
+on the line and in the panel's legend; every entry of a legend has a colour of its own.
+
+matplotlib is optional (the ``demo`` extra: ``pip install -e '.[demo]'``, which ``make demo``
+does). It is imported only by :func:`figure` and :func:`render`, which raise
+:class:`MatplotlibMissing` without it, so the demo still runs and prints its summary. The
+figure is drawn with the Agg canvas: a file, never a window, with no display needed.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from .png import BLACK, GREY, RED, Canvas, Color
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
+    from matplotlib.figure import Figure
 
-PALETTE: list[Color] = [(31, 119, 180), (255, 127, 14), (44, 160, 44), (148, 103, 189)]
+INSTALL_HINT = "pip install -e '.[demo]'"
+TITLE = "celery-semaphore demo: units in use over time, per semaphore"
+X_LABEL = "seconds since start"
+Y_LABEL = "units in use"
 
-WIDTH = 960
-PANEL = 200
-LEFT, RIGHT, TOP, BOTTOM = 56, 16, 30, 26
+#: the colour of every limit line; no series or mark gets it
+LIMIT_COLOR = "#d62728"
+#: colours for series and marks (matplotlib's "tab10" less red), given out in order of first
+#: use: a label keeps its colour from panel to panel, and no two entries of a panel share one
+#: (up to 9 of them)
+PALETTE = [
+    "#1f77b4",  # blue
+    "#ff7f0e",  # orange
+    "#2ca02c",  # green
+    "#9467bd",  # purple
+    "#17becf",  # cyan
+    "#e377c2",  # pink
+    "#bcbd22",  # olive
+    "#8c564b",  # brown (late: close to the limit's red)
+    "#7f7f7f",  # grey
+]
+WIDTH_INCHES = 11.0
+PANEL_INCHES = 2.6
+DPI = 100
+
+
+class MatplotlibMissing(ImportError):
+    """The plot needs matplotlib, and it is not installed."""
 
 
 @dataclass
 class Series:
     label: str
-    #: (seconds since the start, value from then on), in time order
+    #: (seconds since the start, value from then on), in time order; the value is 0 before
     steps: list[tuple[float, int]]
-    color: Color = PALETTE[0]
-    #: line thickness in pixels (a total drawn thick, under its parts)
-    width: int = 2
+    #: drawn as a shaded area under a thin line, beneath the other series (a total, under its
+    #: parts): lines drawn over it keep their own colours
+    filled: bool = False
+
+
+@dataclass
+class Mark:
+    """A level drawn as a dashed horizontal line, e.g. a queue's cap."""
+
+    label: str
+    value: int
 
 
 @dataclass
@@ -30,69 +73,120 @@ class Panel:
     title: str
     limit: int
     series: list[Series] = field(default_factory=list)
-    #: other horizontal lines: (label, value, color), e.g. a queue's cap
-    marks: list[tuple[str, int, Color]] = field(default_factory=list)
+    marks: list[Mark] = field(default_factory=list)
 
 
-def render(panels: list[Panel], duration: float, path: Path) -> None:
-    """Draw ``panels`` over ``[0, duration]`` seconds and save them as a PNG at ``path``."""
-    canvas = Canvas(WIDTH, PANEL * max(1, len(panels)))
+def require_matplotlib() -> None:
+    """Raise :class:`MatplotlibMissing`, with how to install it, when matplotlib is not
+    importable."""
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError as exc:
+        raise MatplotlibMissing(
+            f"the plot needs matplotlib, which is not installed: {INSTALL_HINT} "
+            "(or `make demo`, which installs it)"
+        ) from exc
+
+
+def figure(panels: list[Panel], duration: float) -> Figure:
+    """The figure for ``panels`` over ``[0, duration]`` seconds: one axes per panel, top to
+    bottom, sharing the time axis."""
+    require_matplotlib()
+    from matplotlib.figure import Figure
+
     duration = max(duration, 1.0)
-    for index, panel in enumerate(panels):
-        _panel(canvas, panel, duration, index * PANEL)
-    canvas.save(path)
+    count = max(1, len(panels))
+    fig = Figure(figsize=(WIDTH_INCHES, 0.9 + PANEL_INCHES * count), dpi=DPI, layout="constrained")
+    fig.suptitle(TITLE, fontsize=13, fontweight="bold")
+    axes = fig.subplots(count, 1, sharex=True, squeeze=False)[:, 0]
+    colours: dict[str, str] = {}
+    for ax, panel in zip(axes[: len(panels)], panels, strict=True):
+        _panel(ax, panel, duration, colours)
+    axes[-1].set_xlabel(X_LABEL)
+    axes[-1].set_xlim(0.0, duration)
+    return fig
 
 
-def _panel(canvas: Canvas, panel: Panel, duration: float, top: int) -> None:
-    x0, x1 = LEFT, WIDTH - RIGHT
-    y0, y1 = top + TOP, top + PANEL - BOTTOM  # y1 is the axis (value 0)
-    peak = max([panel.limit, *(v for s in panel.series for _, v in s.steps)])
-    span = peak + 1
+def render(panels: list[Panel], duration: float, path: Path) -> Figure:
+    """Draw ``panels`` over ``[0, duration]`` seconds and save them as a PNG at ``path``;
+    return the figure (laid out as saved: its transforms map data to the file's pixels)."""
+    fig = figure(panels, duration)
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
 
-    def x_of(t: float) -> int:
-        return x0 + round((x1 - x0) * min(max(t, 0.0), duration) / duration)
+    FigureCanvasAgg(fig)  # a file-only canvas: no GUI toolkit, no display
+    fig.savefig(path, format="png", dpi=DPI)
+    return fig
 
-    def y_of(v: int) -> int:
-        return y1 - round((y1 - y0) * v / span)
 
-    canvas.text(x0, top + 8, panel.title)
-    for v in range(span + 1):  # grid and value labels
-        canvas.hline(x0, x1, y_of(v), GREY, dash=2)
-        canvas.text(x0 - 8 - 8 * len(str(v)), y_of(v) - 5, str(v))
-    step = 5 if duration > 15 else 2 if duration > 6 else 1
-    for s in range(0, int(duration) + 1, step):  # time axis
-        canvas.vline(x_of(s), y1, y1 + 3, BLACK)
-        label = f"{s}s"
-        canvas.text(x_of(s) - 4 * len(label), y1 + 6, label)
-    canvas.hline(x0, x1, y1, BLACK)
-    canvas.vline(x0, y0, y1, BLACK)
-    legend_x = x0 + 16 + 8 * (len(panel.title) + 2)
-    for label, value, color in [(f"limit {panel.limit}", panel.limit, RED), *panel.marks]:
-        y = y_of(value)
-        canvas.hline(x0, x1, y, color, dash=0 if color == RED else 6)
-        canvas.hline(x0, x1, y - 1, color, dash=0 if color == RED else 6)
-        legend_x = canvas.text(legend_x, top + 8, label, color) + 16
+def _colour(colours: dict[str, str], label: str, taken: set[str]) -> str:
+    """``label``'s colour: the one it had in an earlier panel, else the next of the palette;
+    never one in ``taken`` (this panel's) while the palette has another."""
+    colour = colours.get(label)
+    if colour is None or colour in taken:
+        start = len(colours)
+        order = [PALETTE[(start + i) % len(PALETTE)] for i in range(len(PALETTE))]
+        colour = next((c for c in order if c not in taken), order[0])
+        colours.setdefault(label, colour)
+    taken.add(colour)
+    return colour
+
+
+def _panel(ax: Axes, panel: Panel, duration: float, colours: dict[str, str]) -> None:
+    from matplotlib.artist import Artist
+    from matplotlib.ticker import MaxNLocator
+
+    peak = max([panel.limit, *(m.value for m in panel.marks)])
+    peak = max([peak, *(v for s in panel.series for _, v in s.steps)])
+    legend: list[Artist] = []  # in the order drawn: series, then the limit, then the marks
+    taken = {LIMIT_COLOR}
     for series in panel.series:
-        _steps(canvas, series, x_of, y_of, duration, thickness=series.width)
-        legend_x = canvas.text(legend_x, top + 8, series.label, series.color) + 16
-
-
-def _steps(
-    canvas: Canvas,
-    series: Series,
-    x_of: Callable[[float], int],
-    y_of: Callable[[int], int],
-    duration: float,
-    thickness: int,
-) -> None:
-    value, at = 0, 0.0
-    for t, v in [*series.steps, (duration, -1)]:
-        t = max(t, at)
-        xa, xb = x_of(at), x_of(t)
-        for d in range(thickness):
-            canvas.hline(xa, xb, y_of(value) - d + thickness // 2, series.color)
-        if v >= 0:
-            for d in range(thickness // 2):
-                canvas.vline(xb + d, y_of(value), y_of(v), series.color)
-            value = v
-        at = t
+        times = [0.0, *(t for t, _ in series.steps), duration]
+        values = [0, *(v for _, v in series.steps)]
+        values.append(values[-1])
+        colour = _colour(colours, series.label, taken)
+        (line,) = ax.plot(
+            times,
+            values,
+            drawstyle="steps-post",
+            color=colour,
+            linewidth=0.8 if series.filled else 1.6,
+            label=series.label,
+            zorder=1.5 if series.filled else 2,
+        )
+        if series.filled:
+            area = ax.fill_between(
+                times, values, step="post", color=colour, alpha=0.3, linewidth=0, zorder=1
+            )
+            area.set_label(series.label)
+            legend.append(area)
+        else:
+            legend.append(line)
+    levels = [(f"limit {panel.limit}", panel.limit, LIMIT_COLOR, "-")]
+    levels += [
+        (f"{mark.label} {mark.value}", mark.value, _colour(colours, mark.label, taken), "--")
+        for mark in panel.marks
+    ]
+    for label, value, colour, style in levels:
+        # over the shaded total, under the series' lines: a series at its limit stays visible
+        legend.append(
+            ax.axhline(value, color=colour, linestyle=style, linewidth=1.4, label=label, zorder=1.8)
+        )
+        ax.annotate(
+            label,
+            xy=(1.0, value),
+            xycoords=("axes fraction", "data"),
+            xytext=(-4, 2),
+            textcoords="offset points",
+            ha="right",
+            va="bottom",
+            color=colour,
+            fontsize=8,
+        )
+    ax.set_title(panel.title, loc="left", fontsize=11)
+    ax.set_ylabel(Y_LABEL)
+    ax.set_ylim(0, peak + 1)
+    ax.yaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.grid(True, axis="y", color="#dddddd", linewidth=0.6)
+    ax.legend(
+        handles=legend, loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False
+    )
