@@ -9,10 +9,14 @@ not the semaphore's) and shortened, so the test takes seconds, not 7.
 
 from __future__ import annotations
 
+import re
 import shlex
+import statistics
 import subprocess
 import sys
 import tempfile
+import threading
+import time
 import uuid
 from pathlib import Path
 
@@ -87,6 +91,30 @@ def test_the_page_is_what_this_test_assumes() -> None:
     assert int(concurrency) > LIMIT, "the worker must have more slots than the limit"
 
 
+def text_blocks() -> list[str]:
+    return [b.source for b in blocks(PAGE) if b.lang == "text"]
+
+
+def succeeded_in(log: str) -> list[float]:
+    """The ``succeeded in <seconds>s`` of every task in a worker log."""
+    return [float(x) for x in re.findall(r"succeeded in ([0-9.]+)s", log)]
+
+
+def test_the_sample_outputs_say_what_a_run_shows() -> None:
+    """The worker log's sample: bodies take their own second (a task waits held by the
+    worker, not in its slot, so the wait is not in its run time), all 20 tasks; watch.py's
+    sample: the other 17 wait in line at once."""
+    log = next(t for t in text_blocks() if "succeeded in" in t)
+    took = succeeded_in(log)
+    assert took, "no 'succeeded in' line in the worker log sample"
+    assert all(1.0 <= t < 1.5 for t in took), took  # time.sleep(1), plus a little
+    assert f"'charged customer {TASKS - 1}'" in log
+    watch = next(t for t in text_blocks() if t.startswith("running "))
+    waiting = [int(n) for n in re.findall(r"waiting in line (\d+)", watch)]
+    assert max(waiting) == TASKS - LIMIT
+    assert f"running {LIMIT}/{LIMIT}, waiting in line {TASKS - LIMIT}" in watch
+
+
 def test_quickstart_holds_its_limit_with_a_real_worker(env: Env) -> None:
     inside, seen = f"{env.prefix}:inside", f"{env.prefix}:seen"
     workdir = Path(tempfile.mkdtemp(prefix="cs-quickstart-"))
@@ -116,6 +144,18 @@ def test_quickstart_holds_its_limit_with_a_real_worker(env: Env) -> None:
     client = env.redis()
     try:
         wait_ready(env, worker, timeout=60)
+        sem = Semaphore("payment-gateway", LIMIT, redis=client, key_prefix=env.prefix)
+        longest_line: list[int] = [0]
+        stop_watching = threading.Event()
+
+        def watch() -> None:  # what watch.py prints, sampled more often (bounded: 90 s)
+            deadline = time.monotonic() + 90
+            while not stop_watching.is_set() and time.monotonic() < deadline:
+                longest_line[0] = max(longest_line[0], len(sem.inspect().waiters))
+                stop_watching.wait(0.02)
+
+        watcher = threading.Thread(target=watch, daemon=True)
+        watcher.start()
         subprocess.run(
             [sys.executable, "send.py"],
             cwd=workdir,
@@ -128,10 +168,18 @@ def test_quickstart_holds_its_limit_with_a_real_worker(env: Env) -> None:
             timeout=90,
             what=f"{TASKS} bodies done\n{worker.log()[-3000:]}",
         )
+        stop_watching.set()
+        watcher.join(10)
         counts = [int(x) for x in client.lrange(seen, 0, -1)]
         assert len(counts) == TASKS
         assert max(counts) == LIMIT, f"bodies at once: {counts}"
-        sem = Semaphore("payment-gateway", LIMIT, redis=client, key_prefix=env.prefix)
+        # as the samples say: the tasks wait in line (held by the worker; the first ones may
+        # already run while the last arrive), and a task's run time is its body's, not its
+        # wait (a task that waited in its slot would take twice HOLD or more)
+        assert longest_line[0] >= TASKS - 2 * LIMIT, longest_line
+        took = succeeded_in(worker.log())
+        assert len(took) == TASKS, worker.log()[-3000:]
+        assert statistics.median(took) < 1.5 * HOLD, took
         wait_until(lambda: sem.inspect().used == 0, timeout=10, what="permits given back")
         assert sem.holders() == []
     finally:
