@@ -98,6 +98,36 @@ def name(param: str, value: object) -> str:
     return value
 
 
+def ticket(param: str, value: object) -> str:
+    """A waiter's ticket (or a holder's token): a non-empty str naming one waiter."""
+    if isinstance(value, str) and value:
+        return name(param, value)
+    accepted = (
+        "use a non-empty str naming this waiter (Semaphore.new_ticket() makes one; keep it "
+        "to keep the place in line)"
+    )
+    if isinstance(value, str):
+        raise ValueError(f"{param}={value!r} is not accepted: {accepted}")
+    raise TypeError(f"{param}={value!r} ({type(value).__name__}) is not accepted: {accepted}")
+
+
+def text(param: str, value: object) -> str:
+    """A str passed to the scripts as it is ('' accepted)."""
+    if not isinstance(value, str):
+        raise TypeError(
+            f"{param} must be a str ('' for none), got {type(value).__name__} {value!r}"
+        )
+    return value
+
+
+def non_negative_int(param: str, value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{param} must be an int >= 0, got {type(value).__name__} {value!r}")
+    if value < 0:
+        raise ValueError(f"{param}={value!r} is not accepted: use an int >= 0")
+    return value
+
+
 def redis_url(param: str, value: str) -> str:
     scheme = urlsplit(value).scheme
     if scheme not in REDIS_SCHEMES:

@@ -40,6 +40,7 @@ from .semaphore import (
     AttemptStatus,
     Permit,
     Semaphore,
+    _check_attempt,
     _default_owner_text,
     _done_mode,
     log,
@@ -267,9 +268,11 @@ class SemaphoreGroup:
         ``position`` is the furthest back the ticket stands in any member's line.  A GRANTED
         or ALREADY_HELD attempt's ``permit`` is a :class:`GroupPermit`.
         """
-        ticket = _validate.name("ticket", ticket)
+        ticket = _validate.ticket("ticket", ticket)
         place = _validate.non_negative_seconds("place_ttl", place_ttl)
         lease = _validate.optional_positive_seconds("lease_ttl", lease_ttl)
+        grace = _validate.non_negative_seconds("wake_grace", wake_grace)
+        _check_attempt(claim, wake_data, epoch)
         caps = self._caps(partition_caps)
         spec: list[str] = []
         for (sem, weight), cap in zip(self.members, caps, strict=True):
@@ -286,7 +289,7 @@ class SemaphoreGroup:
         )
         lease_ms = self._sems[0]._ms(lease or min(sem.lease_ttl for sem in self._sems))
         numbers = (
-            f"{lease_ms} {int(place * 1000)} {int(wake_grace * 1000)} {epoch} "
+            f"{lease_ms} {int(place * 1000)} {int(grace * 1000)} {epoch} "
             f"{_done_mode(check_done, new_execution)} {part_weight} {self._aging_ms()}"
         )
         reply = self._run(
@@ -345,6 +348,8 @@ class SemaphoreGroup:
         """Release ``token``'s permit in every member.  True when it was held (or this very
         release was already applied) in at least one member.  ``timed``: as in
         :meth:`Semaphore.release_token`."""
+        token = _validate.ticket("token", token)
+        claim = _validate.text("claim", claim)
         tomb = _validate.optional_non_negative_seconds("tombstone_ttl", tombstone_ttl)
         tomb_ms = int((DEFAULT_TOMBSTONE_TTL if tomb is None else tomb) * 1000)
         reply = self._run(
@@ -374,6 +379,8 @@ class SemaphoreGroup:
         """Extend the leases (or places) of ``token`` in every member.  Returns the new expiry
         in server epoch seconds, or None when it does not hold (with ``holder_only``) or wait
         in every member; with ``claim``, also when a member holds it under another claim."""
+        token = _validate.ticket("token", token)
+        claim = _validate.text("claim", claim)
         lease = _validate.optional_positive_seconds("lease_ttl", lease_ttl)
         place = _validate.optional_positive_seconds("place_ttl", place_ttl)
         default = min(sem.lease_ttl for sem in self._sems)
@@ -390,6 +397,7 @@ class SemaphoreGroup:
 
     def withdraw(self, ticket: str) -> bool:
         """Give up the places of ``ticket`` in every member's line.  True if it had one."""
+        ticket = _validate.ticket("ticket", ticket)
         reply = self._run(
             "group_refresh", [ticket, f"w 1 1 1000 {self._aging_ms()}", self._limits()]
         )
@@ -491,7 +499,7 @@ class SemaphoreGroup:
         """Acquire every member's weight, all or nothing (as :meth:`Semaphore.acquire`)."""
         wait = _validate.optional_non_negative_seconds("timeout", timeout)
         own_ticket = ticket is None
-        t = Semaphore.new_ticket() if ticket is None else _validate.name("ticket", ticket)
+        t = Semaphore.new_ticket() if ticket is None else _validate.ticket("ticket", ticket)
         kept = min(sem.lease_ttl for sem in self._sems) if place_ttl is None else place_ttl
         options: dict[str, Any] = {
             "owner": owner,

@@ -571,9 +571,12 @@ class Semaphore:
         :param partition_weight: 1 to 1000: the partition's share is proportional to it;
             stored like ``partition_cap``.
         """
+        ticket = _validate.ticket("ticket", ticket)
         weight = _validate.positive_int("weight", weight, maximum=self.limit)
         place = _validate.non_negative_seconds("place_ttl", place_ttl)
         lease = _validate.optional_positive_seconds("lease_ttl", lease_ttl)
+        grace = _validate.non_negative_seconds("wake_grace", wake_grace)
+        _check_attempt(claim, wake_data, epoch)
         part, cap, part_weight = self._partition_args(
             weight, partition, partition_cap, partition_weight
         )
@@ -583,7 +586,7 @@ class Semaphore:
         # see acquire.lua for the ARGV; the integers travel as one argument
         numbers = (
             f"{weight} {self.limit} {self._ms(lease or self.lease_ttl)} {int(place * 1000)} "
-            f"{int(wake_grace * 1000)} {epoch} {_done_mode(check_done, new_execution)} {cap} "
+            f"{int(grace * 1000)} {epoch} {_done_mode(check_done, new_execution)} {cap} "
             f"{part_weight} "
             f"{self._aging_ms}"
         )
@@ -645,6 +648,8 @@ class Semaphore:
         ``on_handoff``), only name the waiters.  ``reason``: why someone other than the
         holder releases it (e.g. "forced by alice@ops-1"); kept for :data:`GONE_TTL` seconds,
         for the holder to read with :meth:`release_reason`."""
+        token = _validate.ticket("token", token)
+        claim = _validate.text("claim", claim)
         tomb = _validate.optional_non_negative_seconds("tombstone_ttl", tombstone_ttl)
         if reason:
             # written first: a holder that finds its permit gone finds the reason with it
@@ -697,6 +702,8 @@ class Semaphore:
         permit granted under that claim is extended: one held under another claim (another
         copy of the ticket) is left alone and reported as not held (None).
         """
+        token = _validate.ticket("token", token)
+        claim = _validate.text("claim", claim)
         lease = _validate.optional_positive_seconds("lease_ttl", lease_ttl)
         place = _validate.optional_positive_seconds("place_ttl", place_ttl)
         reply = self._run(
@@ -722,6 +729,7 @@ class Semaphore:
         withdraws it, e.g. an operator's reset) also wakes the waiter itself, as a release
         would, so it finds out at once that its place is gone and asks again; a parked one is
         woken only through ``on_wake``."""
+        ticket = _validate.ticket("ticket", ticket)
         flag = 1 if wake else 0
         reply = self._run("withdraw", [ticket, self.limit, 1000, self._aging_ms, flag])
         self._wake(reply[1:])
@@ -802,7 +810,7 @@ class Semaphore:
         }
         wait = _validate.optional_non_negative_seconds("timeout", timeout)
         own_ticket = ticket is None
-        t = self.new_ticket() if ticket is None else _validate.name("ticket", ticket)
+        t = self.new_ticket() if ticket is None else _validate.ticket("ticket", ticket)
         kept = self.lease_ttl if place_ttl is None else place_ttl
         if not blocking:
             attempt = self.try_acquire(
@@ -1037,6 +1045,13 @@ class Semaphore:
 
     def __repr__(self) -> str:
         return f"<Semaphore {self.name!r} limit={self.limit} prefix={self.key_prefix!r}>"
+
+
+def _check_attempt(claim: object, wake_data: object, epoch: object) -> None:
+    """The str and int arguments of an attempt that the scripts take as they are."""
+    _validate.text("claim", claim)
+    _validate.text("wake_data", wake_data)
+    _validate.non_negative_int("epoch", epoch)
 
 
 def _done_mode(check_done: bool, new_execution: bool) -> int:

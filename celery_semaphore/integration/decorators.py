@@ -26,7 +26,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
 from .body import run_limited
-from .spec import LimitSpec
+from .spec import LimitSpec, where_of
 
 __all__ = ["SPEC_ATTR", "limited", "spec_of"]
 
@@ -42,21 +42,24 @@ def limited(
     """Limit the decorated task to ``limit`` concurrent bodies (``weight`` units each) of the
     semaphore ``name``.  ``options`` are task options from the settings table
     (:mod:`.config`) plus ``weight``, ``partition``, ``queue_limits`` and
-    ``queue_weights``; unknown or invalid ones raise here, at import time.
+    ``queue_weights``; unknown or invalid ones raise when the function is decorated (at
+    import time), naming the task function, the semaphore, the option and its value.
 
     ``name`` may be a list: the task takes every one of those semaphores at once, all or
     nothing (``limit`` is then one int for all, or a dict name -> limit); so does a task with
     several ``@limited`` stacked."""
-    where = f"@limited({name!r})"
-    spec = LimitSpec.build(name, limit, options, where=where)
+    decorator = f"@limited({name!r})"
 
     def decorate(fun: _F) -> _F:
         if hasattr(fun, "apply_async") or not callable(fun):
             raise TypeError(
-                f"{where} must be placed directly under the task decorator, not above it:\n\n"
-                f"    @app.task(bind=True)\n    @limited({name!r}, limit={limit})\n"
+                f"{decorator} must be placed directly under the task decorator, not above it:"
+                f"\n\n    @app.task(bind=True)\n    @limited({name!r}, limit={limit})\n"
                 f"    def my_task(self, ...): ...\n\ngot {fun!r}"
             )
+        # built here, not when limited() is called, so that every error names the task
+        where = where_of(decorator, getattr(fun, "__wrapped__", fun))
+        spec = LimitSpec.build(name, limit, options, where=where)
         full = spec
         inner = getattr(fun, SPEC_ATTR, None)
         if isinstance(inner, LimitSpec):
@@ -72,7 +75,7 @@ def limited(
             task = get_current_task()
             if task is None:
                 raise RuntimeError(
-                    f"{where}: {fun.__qualname__} was called outside a Celery task; call the "
+                    f"{where}: the function was called outside a Celery task; call the "
                     "task (task(...), .delay(), .apply()) rather than the raw function"
                 )
             return run_limited(task, full, lambda: fun(*args, **kwargs), args, kwargs)

@@ -16,7 +16,16 @@ from ..core import _validate
 from . import config
 from .templates import ArgsFn, Template, parameters
 
-__all__ = ["QUEUE", "LimitSpec", "Member", "PartitionRule", "check_cap", "check_weight"]
+__all__ = [
+    "QUEUE",
+    "LimitSpec",
+    "Member",
+    "PartitionRule",
+    "check_cap",
+    "check_weight",
+    "in_context",
+    "where_of",
+]
 
 
 class _Queue:
@@ -91,6 +100,19 @@ class LimitSpec:
     @classmethod
     def build(
         cls, name: object, limit: object, options: Mapping[str, Any], *, where: str
+    ) -> LimitSpec:
+        """The checked spec; ``where`` (the decorator and the task it is on) starts every
+        error message."""
+        try:
+            return cls._build(name, limit, options, where)
+        except (TypeError, ValueError) as exc:
+            if str(exc).startswith(where):
+                raise
+            raise in_context(exc, f"{where}: ") from None
+
+    @classmethod
+    def _build(
+        cls, name: object, limit: object, options: Mapping[str, Any], where: str
     ) -> LimitSpec:
         opts = dict(options)
         weight = opts.pop("weight", 1)
@@ -196,7 +218,6 @@ def _check_distinct(members: tuple[Member, ...], where: str) -> None:
 def _member(
     name: object, limit: object, weight: object, caps: Mapping[str, int], where: str
 ) -> Member:
-    checked_limit = _validate.positive_int("limit", limit)
     template: Template | None = None
     name_fn: ArgsFn | None = None
     if callable(name):
@@ -205,15 +226,36 @@ def _member(
     else:
         shown = _validate.name("name", name)
         template = Template.parse("name", shown)
-    weight_fn: ArgsFn | None = None
-    if callable(weight):
-        weight_fn, static = weight, 1
-    else:
-        static = _validate.positive_int("weight", weight)
+    try:
+        checked_limit = _validate.positive_int("limit", limit)
+        weight_fn: ArgsFn | None = None
+        if callable(weight):
+            weight_fn, static = weight, 1
+        else:
+            static = _validate.positive_int("weight", weight)
+    except (TypeError, ValueError) as exc:
+        # say which semaphore: a task may take several, each with its own limit and weight
+        raise in_context(exc, f"{where}: semaphore {shown!r}: ") from None
+    if weight_fn is None:
         check_weight(where, shown, static, checked_limit, "limit=")
         for part, cap in caps.items():
             check_cap(where, shown, static, part, cap, "queue_limits")
     return Member(shown, checked_limit, static, template, name_fn, weight_fn, dict(caps))
+
+
+def in_context(exc: Exception, prefix: str) -> Exception:
+    """The TypeError or ValueError ``exc`` of a check, its message after ``prefix`` (the
+    task and semaphore it is about)."""
+    message = f"{prefix}{exc}"
+    return TypeError(message) if isinstance(exc, TypeError) else ValueError(message)
+
+
+def where_of(decorator: str, fun: Callable[..., Any]) -> str:
+    """How errors name a decorated task function: ``@limited('api') on proj.tasks.charge``
+    (the function's module and qualified name: Celery's default task name)."""
+    module = getattr(fun, "__module__", None)
+    qualname = getattr(fun, "__qualname__", None) or getattr(fun, "__name__", repr(fun))
+    return f"{decorator} on {module}.{qualname}" if module else f"{decorator} on {qualname}"
 
 
 def check_weight(where: str, name: str, weight: int, limit: int, source: str) -> None:

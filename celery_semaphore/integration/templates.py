@@ -75,18 +75,34 @@ class Template:
         function takes ``**kwargs``; a missing one then fails at call time)."""
         unknown = [f for f in self.fields if f not in params]
         if unknown and not var_keyword:
+            fields = ", ".join(f"{{{u}}}" for u in unknown)
             raise ValueError(
-                f"{where}: {param}={self.text!r} uses {', '.join(f'{{{u}}}' for u in unknown)}, "
-                f"which is not a parameter of the task; accepted placeholders: "
-                f"{', '.join(f'{{{p}}}' for p in params) or '(the task has no parameters)'}"
+                f"{where}: {param}={self.text!r} uses {fields}, which is not a parameter of "
+                "the task (a name is a template: each {field} takes that argument of the "
+                "call); accepted placeholders: "
+                f"{', '.join(f'{{{p}}}' for p in params) or '(the task has no parameters)'}; "
+                f"for literal braces, double them: {param}={self.literal(unknown)!r}"
             )
+
+    def literal(self, fields: Sequence[str]) -> str:
+        """The text with the placeholders of ``fields`` written as literal braces."""
+        out = []
+        for literal, field, spec, conv in _FORMATTER.parse(self.text):
+            out.append(literal.replace("{", "{{").replace("}", "}}"))
+            if field is None:
+                continue
+            inner = field + (f"!{conv}" if conv else "") + (f":{spec}" if spec else "")
+            root = field.split(".", 1)[0].split("[", 1)[0]
+            out.append(f"{{{{{inner}}}}}" if root in fields else f"{{{inner}}}")
+        return "".join(out)
 
     def render(self, arguments: Mapping[str, Any]) -> str:
         missing = [f for f in self.fields if f not in arguments]
         if missing:
             raise ValueError(
                 f"template {self.text!r}: no argument {', '.join(missing)} in this call "
-                f"(arguments: {', '.join(arguments) or 'none'})"
+                f"(arguments: {', '.join(arguments) or 'none'}); for literal braces, double "
+                f"them: {self.literal(missing)!r}"
             )
         return _FORMATTER.vformat(self.text, (), arguments)
 

@@ -17,6 +17,7 @@ from celery_semaphore import (
     Semaphore,
     SemaphoreBackendError,
     SemaphoreError,
+    SemaphoreGroup,
     SemaphoreStateError,
 )
 
@@ -105,6 +106,58 @@ def test_bad_call_arguments_fail_before_touching_redis(
     with pytest.raises(exc) as exc_info:
         call(sem)
     _check(exc_info, param, value)
+
+
+#: low-level calls whose arguments the scripts would take as they are (a None ticket used to
+#: surface as redis-py's DataError; '' and a negative wake_grace were accepted)
+_LOW_LEVEL = [
+    (lambda s: s.try_acquire(None), TypeError, "ticket", None),
+    (lambda s: s.try_acquire(""), ValueError, "ticket", ""),
+    (lambda s: s.try_acquire(b"t"), TypeError, "ticket", b"t"),
+    (lambda s: s.try_acquire("t", wake_grace=-5), ValueError, "wake_grace", -5),
+    (lambda s: s.try_acquire("t", wake_grace=math.nan), ValueError, "wake_grace", math.nan),
+    (lambda s: s.try_acquire("t", wake_grace="1"), TypeError, "wake_grace", "1"),
+    (lambda s: s.try_acquire("t", epoch=-1), ValueError, "epoch", -1),
+    (lambda s: s.try_acquire("t", epoch=1.5), TypeError, "epoch", 1.5),
+    (lambda s: s.try_acquire("t", claim=None), TypeError, "claim", None),
+    (lambda s: s.try_acquire("t", wake_data=7), TypeError, "wake_data", 7),
+    (lambda s: s.release_token(None), TypeError, "token", None),
+    (lambda s: s.release_token("t", claim=None), TypeError, "claim", None),
+    (lambda s: s.refresh_token(""), ValueError, "token", ""),
+    (lambda s: s.withdraw(None), TypeError, "ticket", None),
+]
+
+
+@pytest.mark.parametrize(("call", "exc", "param", "value"), _LOW_LEVEL)
+def test_bad_low_level_arguments_are_named_before_touching_redis(
+    call: Callable[[Any], object], exc: type[Exception], param: str, value: object
+) -> None:
+    sem = Semaphore("ok", 2, redis=NOWHERE)
+    with pytest.raises(exc) as exc_info:
+        call(sem)
+    _check(exc_info, param, value)
+    assert "is not accepted" in str(exc_info.value) or "must be" in str(exc_info.value)
+    assert not isinstance(exc_info.value, redis.RedisError)
+
+
+@pytest.mark.parametrize(("call", "exc", "param", "value"), _LOW_LEVEL)
+def test_bad_low_level_arguments_of_a_group_are_named_too(
+    call: Callable[[Any], object], exc: type[Exception], param: str, value: object
+) -> None:
+    members = [(Semaphore("a", 2, redis=NOWHERE), 1), (Semaphore("b", 2, redis=NOWHERE), 1)]
+    group = SemaphoreGroup(members)
+    with pytest.raises(exc) as exc_info:
+        call(group)
+    _check(exc_info, param, value)
+
+
+def test_the_ticket_error_says_what_a_ticket_is() -> None:
+    sem = Semaphore("ok", 2, redis=NOWHERE)
+    with pytest.raises(TypeError) as exc_info:
+        sem.try_acquire(None)  # type: ignore[arg-type]
+    message = str(exc_info.value)
+    assert message.startswith("ticket=None (NoneType) is not accepted: use a non-empty str")
+    assert "Semaphore.new_ticket()" in message
 
 
 def test_foreign_value_at_a_semaphore_key_is_left_alone(

@@ -332,7 +332,7 @@ def test_limited_above_the_task_decorator(app: Celery) -> None:
 
 def test_unknown_option() -> None:
     with pytest.raises(TypeError, match="unknown option") as info:
-        limited("x", limit=2, lease_tll=5)
+        limited("x", limit=2, lease_tll=5)(lambda: None)
     assert "lease_tll" in str(info.value)
     assert "lease_ttl" in str(info.value)  # the accepted ones are listed
 
@@ -349,7 +349,7 @@ def test_unknown_option() -> None:
 )
 def test_bad_arguments(kwargs: dict[str, Any], error: type[Exception], named: str) -> None:
     with pytest.raises(error, match=named):
-        limited("x", **kwargs)
+        limited("x", **kwargs)(lambda: None)
 
 
 def test_limited_twice() -> None:

@@ -178,13 +178,101 @@ def test_semaphore_limits_apply_to_the_name_then_the_template(app: Celery) -> No
 # -- weights --------------------------------------------------------------------------------
 
 
+def decorate(*args: Any, **kwargs: Any) -> None:
+    """``@limited(*args, **kwargs)`` on a task function ``job`` of this module."""
+
+    def job() -> None: ...
+
+    limited(*args, **kwargs)(job)
+
+
+#: how errors name the task function ``job`` above
+JOB = re.escape(f"on {__name__}.decorate.<locals>.job: ")
+
+
 def test_static_weight_above_the_limit_fails_at_decoration() -> None:
     with pytest.raises(
         ValueError,
-        match=r"@limited\('x'\): weight=3 exceeds the limit of semaphore 'x' \(2, from limit=\); "
-        r"use a weight from 1 to 2$",
+        match=r"@limited\('x'\) " + JOB + r"weight=3 exceeds the limit of semaphore 'x' "
+        r"\(2, from limit=\); use a weight from 1 to 2$",
     ):
-        limited("x", limit=2, weight=3)
+        decorate("x", limit=2, weight=3)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "message"),
+    [
+        ({"limit": 0}, ValueError, "semaphore 'api': limit=0 is not accepted: use an int >= 1"),
+        (
+            {"limit": "5"},
+            TypeError,
+            "semaphore 'api': limit must be an int >= 1, got str '5'",
+        ),
+        (
+            {"limit": 5, "weight": 0},
+            ValueError,
+            "semaphore 'api': weight=0 is not accepted: use an int >= 1",
+        ),
+        (
+            {"limit": {"api": 0}},
+            ValueError,
+            "semaphore 'api': limit=0 is not accepted: use an int >= 1",
+        ),
+        (
+            {"limit": 5, "lease_ttl": -1},
+            ValueError,
+            "lease_ttl=-1 is not accepted: use a finite number of seconds > 0",
+        ),
+        (
+            {"limit": 5, "queue_limits": {"bulk": 0}},
+            ValueError,
+            "queue_limits['bulk']=0 is not accepted: use an int >= 1",
+        ),
+        ({"limit": 5, "partition": 3}, TypeError, "partition must be a template str"),
+    ],
+)
+def test_spec_errors_name_the_task_the_semaphore_and_the_value(
+    kwargs: dict[str, Any], error: type[Exception], message: str
+) -> None:
+    with pytest.raises(error) as info:
+        decorate("api", **kwargs)
+    assert str(info.value).startswith(f"@limited('api') on {__name__}.decorate.<locals>.job: ")
+    assert message in str(info.value)
+
+
+def test_spec_errors_of_a_limited_task_class_name_the_class() -> None:
+    with pytest.raises(ValueError, match="limit=0") as info:
+
+        class Bad(LimitedTask):
+            semaphore_name = "gpu"
+            semaphore_limit = 0
+
+            def run(self) -> None: ...
+
+    assert str(info.value) == (
+        "LimitedTask test_spec_errors_of_a_limited_task_class_name_the_class.<locals>.Bad: "
+        "semaphore 'gpu': limit=0 is not accepted: use an int >= 1"
+    )
+
+
+def test_a_literal_brace_in_a_name_is_told_to_be_doubled(app: Celery) -> None:
+    with pytest.raises(ValueError, match="not a parameter") as info:
+
+        @app.task(shared=False)
+        @limited("api:{v2}:{region}", limit=5)
+        def call(region: str) -> None: ...
+
+    message = str(info.value)
+    assert "call: name='api:{v2}:{region}' uses {v2}, which is not a parameter of the task" in (
+        message
+    )
+    assert message.endswith("for literal braces, double them: name='api:{{v2}}:{region}'")
+
+    @app.task(shared=False)
+    @limited("api:{{v2}}:{region}", limit=5)  # what it suggests works
+    def fixed(region: str) -> None: ...
+
+    assert plan(fixed, "eu").targets[0].name == "api:{v2}:eu"
 
 
 def test_dynamic_weight(app: Celery) -> None:
@@ -286,7 +374,7 @@ def test_weight_above_a_cap(app: Celery) -> None:
     with pytest.raises(
         ValueError, match=r"weight=3 exceeds the cap of partition 'bulk' on semaphore 'api' \(2,"
     ):
-        limited("api", limit=5, weight=3, queue_limits={"bulk": 2})
+        decorate("api", limit=5, weight=3, queue_limits={"bulk": 2})
 
     @app.task(shared=False)
     @limited("api", limit=5, weight=lambda a: a["w"], queue_limits={"bulk": 2})
@@ -317,8 +405,9 @@ def test_weight_above_a_cap(app: Celery) -> None:
 def test_bad_options_fail_at_decoration(
     options: dict[str, Any], error: type[Exception], match: str
 ) -> None:
-    with pytest.raises(error, match=match):
-        limited("api", limit=5, **options)
+    with pytest.raises(error, match=match) as info:
+        decorate("api", limit=5, **options)
+    assert "decorate.<locals>.job: " in str(info.value)
 
 
 @pytest.mark.parametrize(
