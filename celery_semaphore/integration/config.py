@@ -17,6 +17,7 @@ Settings that only exist at app level: ``semaphore_redis_url``, ``semaphore_redi
 
 from __future__ import annotations
 
+import difflib
 import threading
 import weakref
 from collections.abc import Callable, Hashable, Mapping
@@ -486,8 +487,8 @@ def validate_app_settings(conf: Any, namespace: str | None = None) -> dict[str, 
     unknown.sort()
     if unknown:
         raise ValueError(
-            f"unknown setting(s) {', '.join(unknown)}; celery-semaphore accepts: "
-            f"{', '.join(sorted(known))}"
+            f"unknown setting(s) {', '.join(_with_guess(k, known, strip) for k in unknown)}; "
+            f"celery-semaphore accepts: {', '.join(sorted(known))}"
         )
     out: dict[str, Any] = {}
     for key, (default, check, _doc) in APP_SETTINGS.items():
@@ -506,7 +507,22 @@ def validate_app_settings(conf: Any, namespace: str | None = None) -> dict[str, 
         "semaphore_lease_ttl",
         out["semaphore_lease_ttl"],
     )
+    visibility_timeout(conf)  # the back-offs are kept below it: a bad one fails here, at start
     return out
+
+
+def _with_guess(key: str, known: set[str], strip: str) -> str:
+    """``key``, and the known setting it was probably meant to be (a typo)."""
+    name = key.lower()
+    if strip and name.startswith(strip):
+        name = name[len(strip) :]
+    close = difflib.get_close_matches(name, sorted(known), n=1, cutoff=0.8)
+    if not close:
+        return key
+    guess = close[0]
+    if key != key.lower():  # keep the spelling of the namespace (CELERY_SEMAPHORE_...)
+        guess = (key[: len(key) - len(name)] + guess).upper()
+    return f"{key} (did you mean {guess}?)"
 
 
 def check_heartbeat(param: str, interval: float | None, lease_param: str, lease: float) -> None:
@@ -654,4 +670,20 @@ def visibility_timeout(conf: Any) -> float | None:
     ):
         return None
     options = conf.get("broker_transport_options", None) or {}
-    return float(options.get("visibility_timeout", 3600))
+    if not isinstance(options, Mapping):
+        raise TypeError(
+            f"broker_transport_options must be a dict, got {type(options).__name__} {options!r}"
+        )
+    value = options.get("visibility_timeout", DEFAULT_VISIBILITY_TIMEOUT)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+        # kombu uses the value as it is (time() - visibility_timeout): a str breaks it too
+        raise ValueError(
+            f"broker_transport_options['visibility_timeout']={value!r} is not accepted: use "
+            "a number of seconds > 0 (how long the Redis broker waits before it delivers an "
+            f"unacknowledged message again; kombu's default is {DEFAULT_VISIBILITY_TIMEOUT})"
+        )
+    return float(value)
+
+
+#: kombu's visibility_timeout for the Redis transport, in seconds
+DEFAULT_VISIBILITY_TIMEOUT = 3600

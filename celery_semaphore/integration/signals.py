@@ -15,6 +15,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Callable
 from typing import Any
@@ -29,9 +30,9 @@ from . import children, config, events, targets
 from .decorators import spec_of
 from .delivery import handled_here, stamped_claim, ticket_of
 from .locks import lock_for, lock_names
-from .spec import Member, check_cap, check_weight
+from .spec import LimitSpec, Member, check_cap, check_weight
 
-__all__ = ["WorkerStartHook", "connect", "on_worker_start"]
+__all__ = ["WorkerStartHook", "check_app", "connect", "on_worker_start"]
 
 #: ``hook(app, worker)``, run in the worker's main process at ``worker_init``, after the
 #: settings were checked; a TypeError or ValueError it raises stops the worker like an invalid
@@ -50,34 +51,60 @@ log = logs.get("release")
 log_config = logs.get("config")
 
 
+def check_app(app: Any) -> list[tuple[str, LimitSpec]]:
+    """Check what a worker checks before it touches Redis: every ``semaphore_*`` setting (an
+    unknown one too), the Redis settings when the app has limited tasks, and each limited
+    task's options, weights and caps against the settings.  Raises TypeError or ValueError
+    naming the setting; returns the limited tasks as ``(task name, spec)``.  The CLI calls it
+    too, so that it refuses what a worker refuses."""
+    config.validate_app_settings(app.conf, getattr(app, "namespace", None))
+    specs = [(t.name, spec_of(t)) for t in list(app.tasks.values())]
+    limited = [(name, spec) for name, spec in specs if spec is not None]
+    if limited:
+        redis = config.redis_settings(app.conf)  # URL, cluster flag and options together
+        if redis.cluster and not app.conf.get("semaphore_hash_tag", None):
+            _check_one_slot(limited)
+    for task_name, spec in limited:
+        config.resolve(app.conf, spec.options)  # task options with app settings
+        for member in spec.members:
+            _check_member(app.conf, task_name, member)
+    return limited
+
+
 def _on_worker_init(sender: Any = None, **_: Any) -> None:
     app = getattr(sender, "app", None)
     if app is None:
         return
     try:
-        config.validate_app_settings(app.conf, getattr(app, "namespace", None))
-        specs = [(t.name, spec_of(t)) for t in list(app.tasks.values())]
-        limited = [(name, spec) for name, spec in specs if spec is not None]
+        limited = check_app(app)
         if limited:
-            redis = config.redis_settings(app.conf)  # URL, cluster flag and options together
-            if redis.cluster and not app.conf.get("semaphore_hash_tag", None):
-                _check_one_slot(limited)
+            redis = config.redis_settings(app.conf)
             connection.check(redis.url, cluster=redis.cluster, options=redis.options)
-        for task_name, spec in limited:
-            config.resolve(app.conf, spec.options)  # task options with app settings
-            for member in spec.members:
-                _check_member(app.conf, task_name, member)
         for hook in list(_start_hooks):  # ops: registry and metrics
             hook(app, sender)
     except (TypeError, ValueError) as exc:
+        # Shown once: logged, and the worker stops with status 1 without Python printing
+        # the SystemExit again; unless no handler would show the record (Celery has not set
+        # up logging yet: it reaches stderr through Python's last-resort handler, or the
+        # handlers the program configured, which may have disabled this logger).
         log_config.critical(
             "celery-semaphore: invalid configuration: %s", exc, semaphore=None, task_id=None
         )
-        raise SystemExit(f"celery-semaphore: invalid configuration: {exc}") from exc
+        stop = SystemExit(f"celery-semaphore: invalid configuration: {exc}")
+        if _shown(log_config.logger, logging.CRITICAL):
+            stop.code = 1
+        raise stop from exc
     if limited and app.conf.get("semaphore_enabled", True):
         from .consumer import install
 
         install(app)
+
+
+def _shown(logger: logging.Logger, level: int) -> bool:
+    """Whether a record of ``level`` logged on ``logger`` reaches some handler."""
+    if logger.disabled or not logger.isEnabledFor(level):
+        return False
+    return logger.hasHandlers() or logging.lastResort is not None
 
 
 def _check_one_slot(limited: list[tuple[str, Any]]) -> None:

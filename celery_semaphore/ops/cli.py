@@ -84,14 +84,26 @@ class _Ops:
         self._semaphores: dict[tuple[str, int | None], Any] = {}
         self.url = ""
         from ..core.keys import validate_prefix
-        from ..integration.config import redis_settings
+        from ..integration.config import redis_settings, validate_app_settings
+        from ..integration.signals import check_app
 
+        # what a worker refuses at start, the CLI refuses too, in the same words: first the
+        # settings (a misspelt semaphore_redis_url among them), then where Redis is, then
+        # the limited tasks against the settings
+        try:
+            validate_app_settings(app.conf, getattr(app, "namespace", None))
+        except (TypeError, ValueError) as exc:
+            _fail(f"invalid configuration: {exc}", EXIT_USAGE)
         try:
             self.redis = redis_settings(app.conf)
             self.url = self.redis.url
             self.prefix = validate_prefix(app.conf.get("semaphore_key_prefix", "celery_semaphore"))
         except (TypeError, ValueError) as exc:
             _fail(str(exc), EXIT_REDIS)
+        try:
+            check_app(app)
+        except (TypeError, ValueError) as exc:
+            _fail(f"invalid configuration: {exc}", EXIT_USAGE)
 
     @property
     def client(self) -> Any:
@@ -111,7 +123,7 @@ class _Ops:
                 )
                 client.ping()
             except RedisError as exc:
-                _fail(f"cannot reach Redis at {_safe_url(self.url)}: {exc}", EXIT_REDIS)
+                _fail(_connect_failure(self.url, self.redis.options, exc), EXIT_REDIS)
             self._client = client
         return self._client
 
@@ -162,6 +174,40 @@ def _who() -> str:
 
     me = operator()
     return f"{me['user']}@{me['host']} (celery semaphore)"
+
+
+def _connect_failure(url: str, options: Any, exc: Exception) -> str:
+    """Why the first PING failed, in words: credentials refused, or Redis not reachable."""
+    from urllib.parse import urlsplit
+
+    from redis.exceptions import AuthenticationError, AuthorizationError
+
+    where = f"Redis at {_safe_url(url)}"
+    text = " ".join(str(exc).split())
+    if isinstance(exc, AuthorizationError) or "NOPERM" in text:
+        return (
+            f"{where} accepted the credentials but refuses this user a command that "
+            f"celery-semaphore needs ({text}); grant the ACL user the commands listed under "
+            "'TLS and ACL' in the recipes"
+        )
+    if not isinstance(exc, AuthenticationError) and not any(
+        code in text for code in ("NOAUTH", "WRONGPASS")
+    ):
+        return f"cannot reach {where}: {text}"
+    try:
+        password = urlsplit(url.split(";")[0]).password
+    except ValueError:
+        password = None
+    if password or (options or {}).get("password"):
+        return (
+            f"{where} rejected the credentials ({text}): the server is reachable, but the user "
+            "name or password is wrong; fix them in the Redis URL (semaphore_redis_url, or the "
+            "result_backend or broker_url it falls back to) or in semaphore_redis_options"
+        )
+    return (
+        f"{where} requires a password and none was given ({text}); put it in the URL "
+        "(redis://:PASSWORD@host:6379/0, or redis://USER:PASSWORD@... with an ACL user)"
+    )
 
 
 def _safe_url(url: str) -> str:

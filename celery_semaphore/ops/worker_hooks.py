@@ -111,8 +111,9 @@ def _prepare_metrics(app: Any, port: int, address: str) -> None:
         from . import metrics
     except ImportError as exc:
         raise ValueError(
-            f"semaphore_metrics_port={port!r} needs prometheus_client: "
-            "pip install 'celery-semaphore[prometheus]'"
+            f"semaphore_metrics_port={port!r} needs prometheus_client, which is not installed: "
+            "pip install 'celery-semaphore[prometheus]' (or, from a checkout of the source, "
+            "pip install -e '.[prometheus]'; or just pip install prometheus_client)"
         ) from exc
     metrics.enable()
     from celery import signals

@@ -11,15 +11,18 @@ import json
 import logging
 import socket
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
 import redis
 from celery import Celery
 
+from celery_semaphore.integration.signals import check_app
 from celery_semaphore.ops import audit, registry
 from celery_semaphore.ops.cli import EXIT_CANCELLED, EXIT_NOT_FOUND, EXIT_REDIS, EXIT_USAGE
-from tests.conftest import SemaphoreFactory
+from celery_semaphore.ops.testing import RedisServer, start_redis_server
+from tests.conftest import SemaphoreFactory, _on_ci
 
 from .conftest import Cli, make_app, run_cli
 
@@ -508,6 +511,126 @@ def test_invalid_configuration_is_one_line_and_exit_2(redis_url: str, key_prefix
     line = single_error_line(result)
     assert "invalid configuration: semaphore_limits['alpha']=0 is not accepted" in line
     app.close()
+
+
+# -- a Redis that requires a password: the CLI says the credentials were refused --------------
+
+PASSWORD = "cs-s3cret-pass"
+
+
+@pytest.fixture(scope="module")
+def password_redis() -> Iterator[RedisServer]:
+    """A throwaway redis-server of our own that requires ``PASSWORD`` (set after it started:
+    never on the shared server)."""
+    try:
+        server = start_redis_server()
+    except (RuntimeError, OSError) as exc:
+        if _on_ci():
+            pytest.fail(f"cannot start a redis-server: {exc}", pytrace=False)
+        pytest.skip(f"cannot start a redis-server: {exc}")
+    try:
+        client = server.client()
+        client.config_set("requirepass", PASSWORD)
+        client.close()
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.mark.parametrize("args", [["list"], ["show", "alpha"], ["audit"]])
+def test_a_wrong_password_is_said_to_be_rejected_not_unreachable(
+    password_redis: RedisServer, args: list[str]
+) -> None:
+    port = password_redis.port
+    app = make_app(f"redis://:wrong-pass@127.0.0.1:{port}/0", "cs-auth")
+    result = run_cli(app, *args)
+    assert result.exit_code == EXIT_REDIS, result.output
+    line = single_error_line(result)
+    assert line.startswith(
+        f"celery semaphore: error: Redis at redis://:***@127.0.0.1:{port}/0 rejected the "
+        "credentials (invalid username-password pair or user is disabled.): the server is "
+        "reachable, but the user name or password is wrong"
+    ), line
+    assert "cannot reach" not in line
+    assert "wrong-pass" not in result.output
+    app.close()
+
+
+def test_a_missing_password_is_said_to_be_required(password_redis: RedisServer) -> None:
+    port = password_redis.port
+    app = make_app(f"redis://127.0.0.1:{port}/0", "cs-auth")
+    line = single_error_line(result := run_cli(app, "list"))
+    assert result.exit_code == EXIT_REDIS
+    assert line.startswith(
+        f"celery semaphore: error: Redis at redis://127.0.0.1:{port}/0 requires a password and "
+        "none was given ("
+    ), line
+    assert "put it in the URL (redis://:PASSWORD@host:6379/0" in line
+    app.close()
+
+
+def test_the_right_password_works(password_redis: RedisServer) -> None:
+    app = make_app(f"redis://:{PASSWORD}@127.0.0.1:{password_redis.port}/0", "cs-auth")
+    result = run_cli(app, "list", "--json")
+    assert result.exit_code == 0, result.output
+    app.close()
+
+
+# -- the CLI refuses what a worker refuses, in the same words ----------------------------------
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["list"],
+        ["show", "alpha"],
+        ["explain", "t1"],
+        ["set-limit", "alpha", "3"],
+        ["release", "alpha", "tok"],
+        ["reset", "alpha", "--yes"],
+        ["top", "--iterations", "1"],
+        ["audit"],
+        ["metrics", "--port", "1"],
+    ],
+)
+def test_a_misspelt_setting_that_a_worker_refuses_stops_every_command(
+    redis_url: str, key_prefix: str, args: list[str]
+) -> None:
+    app = make_app(redis_url, key_prefix, semaphore_redis_uri=redis_url)
+    result = run_cli(app, *args)
+    assert result.exit_code == EXIT_USAGE, result.output
+    line = single_error_line(result)
+    with pytest.raises(ValueError, match="semaphore_redis_uri") as info:
+        check_app(app)  # what the worker runs at start
+    assert line == f"celery semaphore: error: invalid configuration: {info.value}"
+    assert "unknown setting(s) semaphore_redis_uri (did you mean semaphore_redis_url?)" in line
+    app.close()
+
+
+@pytest.mark.parametrize(
+    ("conf", "message"),
+    [
+        (
+            {"semaphore_limits": {"alpha": 1}},
+            "task ops.two: weight=2 exceeds the limit of semaphore 'alpha' (1, from "
+            "semaphore_limits); use a weight from 1 to 1 or raise the limit",
+        ),
+        (
+            {"broker_transport_options": {"visibility_timeout": "soon"}},
+            "broker_transport_options['visibility_timeout']='soon' is not accepted: use a "
+            "number of seconds > 0 (how long the Redis broker waits before it delivers an "
+            "unacknowledged message again; kombu's default is 3600)",
+        ),
+    ],
+    ids=["weight-above-setting", "visibility-timeout"],
+)
+def test_the_cli_checks_the_tasks_and_broker_settings_as_a_worker_does(
+    app: Celery, conf: dict[str, Any], message: str
+) -> None:
+    app.conf.update(conf)
+    result = run_cli(app, "list")
+    assert result.exit_code == EXIT_USAGE, result.output
+    assert single_error_line(result) == f"celery semaphore: error: invalid configuration: {message}"
 
 
 def test_no_redis_configured_is_one_line_and_exit_3() -> None:

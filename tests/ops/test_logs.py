@@ -343,10 +343,38 @@ def test_an_invalid_configuration_is_critical_on_config(caplog: pytest.LogCaptur
     def anything() -> None: ...
 
     caplog.set_level(logging.DEBUG, logger="celery_semaphore")
-    with pytest.raises(SystemExit, match="semaphore_lease_tll"):
+    with pytest.raises(SystemExit, match="semaphore_lease_tll") as info:
         signals.worker_init.send(sender=WorkerStandIn(app))
+    # logged, so the worker exits with status 1 without printing the message a second time
+    assert info.value.code == 1
     [record] = [r for r in caplog.records if r.name == "celery_semaphore.config"]
     assert record.levelno == logging.CRITICAL
     assert_names(record, None, None)
     assert "invalid configuration: unknown setting(s) semaphore_lease_tll" in record.getMessage()
     app.close()
+
+
+def test_an_invalid_configuration_is_printed_when_its_logger_is_off() -> None:
+    """A program whose logging configuration disabled our loggers (Django's
+    ``disable_existing_loggers``) still sees why the worker stopped: the SystemExit then
+    carries the message, which Python prints."""
+    app = Celery("logs-config-off", set_as_current=False)
+    app.conf.update(semaphore_lease_tll=5)
+
+    @app.task(name="logs.any", shared=False)
+    @limited(f"logs-{uuid.uuid4().hex[:6]}", limit=1)
+    def anything() -> None: ...
+
+    logger = logging.getLogger("celery_semaphore.config")
+    logger.disabled = True
+    try:
+        with pytest.raises(SystemExit) as info:
+            signals.worker_init.send(sender=WorkerStandIn(app))
+    finally:
+        logger.disabled = False
+        app.close()
+    assert isinstance(info.value.code, str)
+    assert info.value.code.startswith(
+        "celery-semaphore: invalid configuration: unknown setting(s) semaphore_lease_tll "
+        "(did you mean semaphore_lease_ttl?)"
+    )

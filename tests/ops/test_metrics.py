@@ -78,11 +78,15 @@ def test_a_missing_extra_gives_an_install_hint() -> None:
     )
     assert out.returncode == 0, out.stderr
     hint = "pip install 'celery-semaphore[prometheus]'"
+    # until the package is published, only the checkout's own extra installs it
+    checkout = "from a checkout of the source, pip install -e '.[prometheus]'"
     lines = out.stdout.splitlines()
     assert lines[0].startswith("import: celery-semaphore metrics need prometheus_client")
     assert hint in lines[0]
+    assert checkout in lines[0]
     assert lines[1].startswith("worker: semaphore_metrics_port=9808 needs prometheus_client")
     assert hint in lines[1]
+    assert checkout in lines[1]
 
 
 def test_the_metrics_command_without_the_extra_exits_2_with_the_hint(redis_url: str) -> None:
@@ -101,6 +105,7 @@ def test_the_metrics_command_without_the_extra_exits_2_with_the_hint(redis_url: 
     assert code == "2"
     assert line.startswith("celery semaphore: error: celery-semaphore metrics need prometheus")
     assert "pip install 'celery-semaphore[prometheus]'" in line
+    assert "pip install -e '.[prometheus]'" in line
 
 
 def test_events_feed_the_counters_and_histograms() -> None:
