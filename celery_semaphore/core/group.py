@@ -421,6 +421,7 @@ class SemaphoreGroup:
         seconds pass (as :meth:`Semaphore.wait`): it blocks on its wake list in every member,
         so a release in any of them wakes it."""
         deadline = None if timeout is None else clock.monotonic() + timeout
+        ticket = _validate.ticket("ticket", ticket)
         wake_keys = [sem.keys.wake(ticket) for sem in self._sems]
         poll = min(sem.poll_interval for sem in self._sems)
         attempt: Attempt | None = None

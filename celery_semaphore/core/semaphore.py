@@ -850,6 +850,7 @@ class Semaphore:
         withdrawn, or with ``keep_place`` kept for that many seconds more.
         """
         deadline = None if timeout is None else clock.monotonic() + timeout
+        ticket = _validate.ticket("ticket", ticket)
         wake_key = self.keys.wake(ticket)
         attempt: Attempt | None = None
         blocked = False

@@ -78,7 +78,7 @@ class Template:
             fields = ", ".join(f"{{{u}}}" for u in unknown)
             raise ValueError(
                 f"{where}: {param}={self.text!r} uses {fields}, which is not a parameter of "
-                "the task (a name is a template: each {field} takes that argument of the "
+                "the task (the text is a template: each {field} takes that argument of the "
                 "call); accepted placeholders: "
                 f"{', '.join(f'{{{p}}}' for p in params) or '(the task has no parameters)'}; "
                 f"for literal braces, double them: {param}={self.literal(unknown)!r}"

@@ -125,6 +125,8 @@ _LOW_LEVEL = [
     (lambda s: s.release_token("t", claim=None), TypeError, "claim", None),
     (lambda s: s.refresh_token(""), ValueError, "token", ""),
     (lambda s: s.withdraw(None), TypeError, "ticket", None),
+    (lambda s: s.wait(None, place_ttl=1.0, timeout=0.1), TypeError, "ticket", None),
+    (lambda s: s.wait("", place_ttl=1.0, timeout=0.1), ValueError, "ticket", ""),
 ]
 
 
