@@ -35,8 +35,9 @@ lint: $(VENV)/.installed
 typecheck: $(VENV)/.installed
 	$(BIN)/mypy
 
+# PYTEST_ARGS: e.g. a path, -k EXPR or -x (`make unit PYTEST_ARGS=tests/core`)
 unit: $(VENV)/.installed
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 # The documentation site: HTML in docs/_build/html.  Warnings are errors (-W, all of them
 # reported: --keep-going), unresolved references too (-n); -E re-reads every page and docstring,

@@ -10,6 +10,7 @@ Redis fixture.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import socket
@@ -495,8 +496,11 @@ def redis_tls(*, auth_clients: bool, timeout: float = 30.0) -> Iterator[TlsServe
             wait_for(up, timeout, "the TLS server answers PING")
         except RuntimeError as exc:
             if "tls" in str(exc).lower() and "directive" in str(exc).lower():
+                version = re.search(r"Redis [0-9.]+", str(exc))
                 unavailable(
-                    f"this redis-server was built without TLS: {exc}", beyond_the_route=True
+                    f"needs a redis-server built with TLS; {bins['redis-server']} "
+                    f"({version.group(0) if version else 'unknown version'}) is not",
+                    beyond_the_route=True,
                 )
             raise
         yield TlsServer(port, files, group)

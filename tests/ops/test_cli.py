@@ -22,7 +22,8 @@ from celery_semaphore.integration.signals import check_app
 from celery_semaphore.ops import audit, registry
 from celery_semaphore.ops.cli import EXIT_CANCELLED, EXIT_NOT_FOUND, EXIT_REDIS, EXIT_USAGE
 from celery_semaphore.ops.testing import RedisServer, start_redis_server
-from tests.conftest import SemaphoreFactory, _on_ci
+from tests.conftest import SemaphoreFactory
+from tests.route import unavailable
 
 from .conftest import Cli, make_app, run_cli
 
@@ -525,9 +526,7 @@ def password_redis() -> Iterator[RedisServer]:
     try:
         server = start_redis_server()
     except (RuntimeError, OSError) as exc:
-        if _on_ci():
-            pytest.fail(f"cannot start a redis-server: {exc}", pytrace=False)
-        pytest.skip(f"cannot start a redis-server: {exc}")
+        unavailable(f"cannot start a redis-server: {exc}")
     try:
         client = server.client()
         client.config_set("requirepass", PASSWORD)
