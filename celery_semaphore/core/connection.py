@@ -29,6 +29,7 @@ __all__ = [
     "ACCEPTED_OPTIONS",
     "SCHEMES",
     "WORKER_DEFAULTS",
+    "connect_failure",
     "describe_client",
     "redis_client",
     "safe_url",
@@ -361,6 +362,38 @@ def _is_config_error(exc: BaseException) -> bool:
     return "ssl" in lowered or "certificate" in lowered
 
 
+def connect_failure(url: str, options: Mapping[str, Any] | None, exc: BaseException) -> str:
+    """Why the first PING failed, in words: credentials refused, or Redis not reachable."""
+    from redis.exceptions import AuthenticationError, AuthorizationError
+
+    where = f"Redis at {safe_url(url)}"
+    text = " ".join(str(exc).split())
+    if isinstance(exc, AuthorizationError) or "NOPERM" in text:
+        return (
+            f"{where} accepted the credentials but refuses this user a command that "
+            f"celery-semaphore needs ({text}); grant the ACL user the commands listed under "
+            "'TLS and ACL' in the recipes"
+        )
+    if not isinstance(exc, AuthenticationError) and not any(
+        code in text for code in ("NOAUTH", "WRONGPASS")
+    ):
+        return f"cannot reach {where}: {text}"
+    try:
+        password = urlsplit(url.split(";")[0]).password
+    except ValueError:
+        password = None
+    if password or (options or {}).get("password"):
+        return (
+            f"{where} rejected the credentials ({text}): the server is reachable, but the user "
+            "name or password is wrong; fix them in the Redis URL (semaphore_redis_url, or the "
+            "result_backend or broker_url it falls back to) or in semaphore_redis_options"
+        )
+    return (
+        f"{where} requires a password and none was given ({text}); put it in the URL "
+        "(redis://:PASSWORD@host:6379/0, or redis://USER:PASSWORD@... with an ACL user)"
+    )
+
+
 def check(url: str, *, cluster: bool = False, options: Mapping[str, Any] | None = None) -> None:
     """PING the configured Redis once, as a worker does at start.
 
@@ -392,6 +425,13 @@ def check(url: str, *, cluster: bool = False, options: Mapping[str, Any] | None 
         return
     reason = " ".join(f"{type(failure).__name__}: {failure}".split())
     if _is_config_error(failure):
+        from redis.exceptions import AuthenticationError, AuthorizationError
+
+        text = f"{failure} {failure.__cause__ or ''}"
+        if isinstance(failure, (AuthenticationError, AuthorizationError)) or any(
+            code in text for code in ("NOAUTH", "WRONGPASS", "NOPERM")
+        ):
+            raise ValueError(connect_failure(url, options, failure)) from None
         raise ValueError(f"cannot use Redis at {safe_url(url)}: {reason}") from None
     log.warning(
         "celery-semaphore: Redis at %s is not reachable now (%s); limited tasks wait (held "

@@ -110,7 +110,7 @@ class _Ops:
         if self._client is None:
             from redis.exceptions import RedisError
 
-            from ..core.connection import redis_client
+            from ..core.connection import connect_failure, redis_client
 
             try:
                 client = redis_client(
@@ -123,7 +123,7 @@ class _Ops:
                 )
                 client.ping()
             except RedisError as exc:
-                _fail(_connect_failure(self.url, self.redis.options, exc), EXIT_REDIS)
+                _fail(connect_failure(self.url, self.redis.options, exc), EXIT_REDIS)
             self._client = client
         return self._client
 
@@ -174,40 +174,6 @@ def _who() -> str:
 
     me = operator()
     return f"{me['user']}@{me['host']} (celery semaphore)"
-
-
-def _connect_failure(url: str, options: Any, exc: Exception) -> str:
-    """Why the first PING failed, in words: credentials refused, or Redis not reachable."""
-    from urllib.parse import urlsplit
-
-    from redis.exceptions import AuthenticationError, AuthorizationError
-
-    where = f"Redis at {_safe_url(url)}"
-    text = " ".join(str(exc).split())
-    if isinstance(exc, AuthorizationError) or "NOPERM" in text:
-        return (
-            f"{where} accepted the credentials but refuses this user a command that "
-            f"celery-semaphore needs ({text}); grant the ACL user the commands listed under "
-            "'TLS and ACL' in the recipes"
-        )
-    if not isinstance(exc, AuthenticationError) and not any(
-        code in text for code in ("NOAUTH", "WRONGPASS")
-    ):
-        return f"cannot reach {where}: {text}"
-    try:
-        password = urlsplit(url.split(";")[0]).password
-    except ValueError:
-        password = None
-    if password or (options or {}).get("password"):
-        return (
-            f"{where} rejected the credentials ({text}): the server is reachable, but the user "
-            "name or password is wrong; fix them in the Redis URL (semaphore_redis_url, or the "
-            "result_backend or broker_url it falls back to) or in semaphore_redis_options"
-        )
-    return (
-        f"{where} requires a password and none was given ({text}); put it in the URL "
-        "(redis://:PASSWORD@host:6379/0, or redis://USER:PASSWORD@... with an ACL user)"
-    )
 
 
 def _safe_url(url: str) -> str:

@@ -18,6 +18,7 @@ import pytest
 import redis
 from celery import Celery
 
+from celery_semaphore.core.connection import check
 from celery_semaphore.integration.signals import check_app
 from celery_semaphore.ops import audit, registry
 from celery_semaphore.ops.cli import EXIT_CANCELLED, EXIT_NOT_FOUND, EXIT_REDIS, EXIT_USAGE
@@ -638,3 +639,16 @@ def test_no_redis_configured_is_one_line_and_exit_3() -> None:
     assert result.exit_code == EXIT_REDIS
     assert "celery-semaphore needs Redis: set semaphore_redis_url" in single_error_line(result)
     app.close()
+
+
+def test_the_worker_start_check_says_the_credentials_were_refused(
+    password_redis: RedisServer,
+) -> None:
+    """The check a worker makes at start words it as the CLI does (one function)."""
+    url = f"redis://:wrong-{PASSWORD}@127.0.0.1:{password_redis.port}/0"
+    with pytest.raises(ValueError, match="rejected the credentials") as info:
+        check(url)
+    assert f"Redis at redis://:***@127.0.0.1:{password_redis.port}/0" in str(info.value)
+    assert PASSWORD not in str(info.value)
+    with pytest.raises(ValueError, match="requires a password and none was given"):
+        check(f"redis://127.0.0.1:{password_redis.port}/0")
