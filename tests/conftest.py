@@ -20,12 +20,16 @@ import redis
 
 from celery_semaphore import Semaphore
 from celery_semaphore.ops.testing import RedisServer, find_redis_server_binary
+from celery_semaphore.ops.testing import delete_prefix as delete_prefix  # the tests import it here
 from celery_semaphore.ops.testing import redis_server as _redis_server
 from tests.route import EMBEDDED, ENV_ROUTE, unavailable
 
 # Celery's classic fixtures (celery_app, celery_worker, ...) for the Celery-layer tests.  The
 # pytest-celery plugin (Docker-based) is disabled by ``-p no:celery`` in pyproject's addopts.
-pytest_plugins = ("celery.contrib.pytest",)
+# This project's own pytest plugin (the ``semaphore_*`` fixtures, docs/testing.md) is loaded
+# by its ``pytest11`` entry point once installed; naming it here as well is harmless (pytest
+# registers a plugin once per name) and loads it from a plain checkout.
+pytest_plugins = ("celery.contrib.pytest", "celery_semaphore.pytest")
 
 SemaphoreFactory = Callable[..., Semaphore]
 
@@ -55,6 +59,12 @@ def redis_server() -> Iterator[RedisServer]:
         cm.__exit__(None, None, None)
 
 
+@pytest.fixture(scope="session")
+def semaphore_redis(redis_server: RedisServer) -> RedisServer:
+    """The plugin's Redis is the session's (reused, or started once), not a second one."""
+    return redis_server
+
+
 @pytest.fixture
 def redis_url(redis_server: RedisServer) -> str:
     return redis_server.url(0)
@@ -67,25 +77,6 @@ def redis_client(redis_server: RedisServer) -> Iterator[redis.Redis]:
         yield client
     finally:
         client.close()
-
-
-def delete_prefix(client: redis.Redis, prefix: str) -> int:
-    """Delete every key whose name starts with ``prefix``; return how many."""
-    pattern = _glob_escape(prefix) + "*"
-    deleted = 0
-    batch: list[Any] = []
-    for key in client.scan_iter(match=pattern, count=500):
-        batch.append(key)
-        if len(batch) >= 500:
-            deleted += int(client.delete(*batch))
-            batch = []
-    if batch:
-        deleted += int(client.delete(*batch))
-    return deleted
-
-
-def _glob_escape(text: str) -> str:
-    return "".join("\\" + ch if ch in "*?[]\\" else ch for ch in text)
 
 
 @pytest.fixture

@@ -19,6 +19,7 @@ LOG_LEVELS = {"warning", "error", "critical", "exception"}
 #: raise sites a user cannot meet through the public API, with the reason
 INTERNAL_RAISES = {
     ("__init__.py", "AttributeError"),  # the module's __getattr__: Python's own error
+    ("pytest.py", "AttributeError"),  # the plugin module's __getattr__: the same
     ("_scripts.py", "ValueError"),  # an unknown script name: only the package names scripts
     ("logs.py", "ValueError"),  # an unknown concern: only the package names its loggers
 }

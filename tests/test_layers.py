@@ -96,6 +96,33 @@ def test_each_layer_imports_only_the_layers_below_it() -> None:
     assert not wrong, "\n".join(wrong)
 
 
+def test_the_pytest_plugin_module_is_a_thin_top_level_name() -> None:
+    """``celery_semaphore.pytest`` (the name pytest loads) stands above the layers and only
+    re-exports the ops layer's plugin: its code lives in ``ops``, so the rule "ops may import
+    integration and core, never the reverse" covers it, and nothing below imports it."""
+    modules = _modules()
+    assert _layer("celery_semaphore.pytest") == "top"
+    imported = {name for name, _ in _imports(modules["celery_semaphore.pytest"])}
+    ours = {_internal(n, modules) for n in imported} - {None}
+    assert ours, imported
+    assert all(_layer(str(m)) == "ops" for m in ours), ours
+    assert imported - {n for n in imported if _internal(n, modules)} <= {
+        "__future__",
+        "__future__.annotations",
+        "typing",
+        "typing.TYPE_CHECKING",
+        "typing.Any",
+    }
+    users = [
+        module
+        for module, path in modules.items()
+        if module != "celery_semaphore.pytest"
+        for name, _ in _imports(path)
+        if _internal(name, modules) == "celery_semaphore.pytest"
+    ]
+    assert users == []
+
+
 def test_the_core_never_imports_celery_or_kombu() -> None:
     found = [
         f"{module} imports {name}"

@@ -28,11 +28,21 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit
 
 import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
-__all__ = ["RedisServer", "find_redis_server_binary", "redis_server", "start_redis_server"]
+__all__ = [
+    "RedisServer",
+    "delete_prefix",
+    "find_redis_server_binary",
+    "reachable",
+    "redis_server",
+    "start_redis_server",
+]
 
 ENV_URL = "CELERY_SEMAPHORE_TEST_REDIS_URL"
 DEFAULT_URL = "redis://127.0.0.1:6379"
@@ -70,16 +80,43 @@ class RedisServer:
             shutil.rmtree(self.workdir, ignore_errors=True)
 
 
-def _reachable(url: str) -> RedisServer | None:
+def reachable(url: str) -> RedisServer | None:
+    """The Redis server at ``url`` if it answers a PING within a second (the URL may carry a
+    password, a database and ``rediss://``), else None.  Never one we own: stopping it is a
+    no-op."""
     parts = urlsplit(url)
     host, port = parts.hostname or "127.0.0.1", parts.port or 6379
     try:
-        client = redis.Redis(host=host, port=port, socket_connect_timeout=0.5, socket_timeout=1)
-        client.ping()
-        client.close()
-    except redis.RedisError:
+        client = redis.Redis.from_url(
+            url, socket_connect_timeout=0.5, socket_timeout=1, retry=Retry(NoBackoff(), 0)
+        )
+        try:
+            client.ping()
+        finally:
+            client.close()
+    except (redis.RedisError, ValueError):
         return None
     return RedisServer(host, port)
+
+
+def delete_prefix(client: redis.Redis, prefix: str) -> int:
+    """Delete every key whose name starts with ``prefix`` (a SCAN, in batches of 500); return
+    how many.  For test clean-up: never point it at a prefix production uses."""
+    pattern = _glob_escape(prefix) + "*"
+    deleted = 0
+    batch: list[Any] = []
+    for key in client.scan_iter(match=pattern, count=500):
+        batch.append(key)
+        if len(batch) >= 500:
+            deleted += int(client.delete(*batch))
+            batch = []
+    if batch:
+        deleted += int(client.delete(*batch))
+    return deleted
+
+
+def _glob_escape(text: str) -> str:
+    return "".join("\\" + ch if ch in "*?[]\\" else ch for ch in text)
 
 
 def find_redis_server_binary() -> str | None:
@@ -155,7 +192,7 @@ def start_redis_server(
 def redis_server(url: str | None = None) -> Iterator[RedisServer]:
     """Reuse a reachable Redis (``url``, ``$CELERY_SEMAPHORE_TEST_REDIS_URL`` or the default),
     else start a throwaway one for the duration of the ``with`` block."""
-    server = _reachable(url or os.environ.get(ENV_URL, DEFAULT_URL))
+    server = reachable(url or os.environ.get(ENV_URL, DEFAULT_URL))
     if server is None:
         server = start_redis_server()
     try:
