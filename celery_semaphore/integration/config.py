@@ -12,7 +12,7 @@ Settings that only exist at app level: ``semaphore_redis_url``, ``semaphore_redi
 ``semaphore_limits``, ``semaphore_queue_limits``, ``semaphore_queue_weights``,
 ``semaphore_enabled``, ``semaphore_eager_timeout``,
 ``semaphore_worker_hold``, ``semaphore_restart_policy``, ``semaphore_restart_quarantine``,
-``semaphore_metrics_port``, ``semaphore_metrics_address``.
+``semaphore_metrics_port``, ``semaphore_metrics_address``, ``semaphore_metrics_page``.
 """
 
 from __future__ import annotations
@@ -299,6 +299,12 @@ APP_SETTINGS: dict[str, tuple[Any, Callable[[str, object], Any], str]] = {
         "0.0.0.0",
         lambda p, v: _address(p, v),
         "Address the metrics exporter listens on.",
+    ),
+    "semaphore_metrics_page": (
+        True,
+        _bool,
+        "Also serve the read-only operator page (celery semaphore serve's) on the metrics "
+        "port; False serves /metrics alone.",
     ),
 }
 

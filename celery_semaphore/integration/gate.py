@@ -1065,6 +1065,25 @@ class Gate:
         with self._lock:
             return list(self._held)
 
+    def snapshot(self) -> list[wakes.HeldTask]:
+        """The requests this gate holds off the pool right now, oldest first (read-only: for
+        ``celery semaphore held``, through :func:`.wakes.held`)."""
+        now = clock.monotonic()
+        with self._lock:
+            entries = sorted(self._held.values(), key=lambda e: e.since)
+            return [
+                wakes.HeldTask(
+                    task_id=str(e.req.id),
+                    task=str(e.req.name),
+                    semaphore=e.sem.name,
+                    stage=e.stage.value,
+                    waited=round(now - e.since, 3),
+                    position=e.position,
+                    counted=e.counted,
+                )
+                for e in entries
+            ]
+
 
 def _after(entries: list[_Entry], ticket: str | None) -> list[_Entry]:
     """``entries`` starting after the one holding ``ticket`` (all of them, in order, when

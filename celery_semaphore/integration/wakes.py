@@ -35,11 +35,13 @@ from .delivery import task_id_of
 __all__ = [
     "GATE_WAKE_TTL",
     "Handoff",
+    "HeldTask",
     "Receiver",
     "Wake",
     "WakeRouter",
     "gate_key",
     "handoff_item",
+    "held",
     "parse",
     "push",
     "register",
@@ -97,6 +99,24 @@ def parse(item: str) -> Wake | Handoff | None:
     return None
 
 
+@dataclass(frozen=True)
+class HeldTask:
+    """A request a worker's gate holds off the pool (see :func:`held`)."""
+
+    task_id: str
+    task: str
+    #: the semaphore's name ("a+b" for a group)
+    semaphore: str
+    #: the delivery's stage: "received" (first try not made yet) or "held" (in line)
+    stage: str
+    #: seconds since the gate took it
+    waited: float
+    #: its place in line at its last try (0 is the head), None before the first
+    position: int | None
+    #: counted in the consumer's prefetch window (False: semaphore_worker_hold was full)
+    counted: bool
+
+
 class Receiver(Protocol):
     """A worker's gate, as a release in its own process reaches it (see :func:`register`)."""
 
@@ -105,6 +125,8 @@ class Receiver(Protocol):
     def wake(self, ticket: str) -> None: ...
 
     def handed(self, ticket: str, fence: int, expires_at: float, claim: str) -> None: ...
+
+    def snapshot(self) -> list[HeldTask]: ...
 
 
 #: the gates of this process, by wake list key (a release here reaches them without Redis)
@@ -117,6 +139,13 @@ def register(key: str, gate: Receiver) -> None:
 
 def unregister(key: str) -> None:
     _gates.pop(key, None)
+
+
+def held() -> list[HeldTask]:
+    """The requests every gate of this process holds right now (a read-only snapshot: what
+    ``celery semaphore held`` shows for this worker)."""
+    gates = {id(g): g for g in list(_gates.values()) if g.pid == os.getpid()}
+    return [task for gate in gates.values() for task in gate.snapshot()]
 
 
 def _local_gate(key: str) -> Receiver | None:

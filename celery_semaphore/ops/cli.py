@@ -532,3 +532,11 @@ def metrics(ctx: click.Context, /, port: int, address: str, no_scan: bool, **_: 
             time.sleep(3600)
     except KeyboardInterrupt:
         return
+
+
+# `serve` and `held` live in their own module
+from .cli_web import held as _held  # noqa: E402
+from .cli_web import serve as _serve  # noqa: E402
+
+semaphore.add_command(_serve)
+semaphore.add_command(_held)

@@ -8,7 +8,11 @@
   and serve ``/metrics`` from the main process once the worker is ready.  On the prefork pool
   the children's counters reach the exporter through prometheus_client's multiprocess mode;
   when ``PROMETHEUS_MULTIPROC_DIR`` is not set, a fresh directory is made for this worker (and
-  removed when it exits).
+  removed when it exits).  Unless ``semaphore_metrics_page`` is False, the same port also
+  serves the read-only operator page (:mod:`celery_semaphore.ops.web`).
+* Answer the remote-control command ``semaphore_held`` (``celery semaphore held``, or
+  ``celery inspect semaphore_held``): the requests this worker's gate holds off the pool,
+  which ``celery inspect reserved`` does not list (see :func:`held_command`).
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ from typing import Any
 from .. import logs
 from ..integration import events
 
-__all__ = ["install", "note_dynamic_name", "on_worker_init"]
+__all__ = ["HELD_COMMAND", "held_command", "install", "note_dynamic_name", "on_worker_init"]
 
 log = logs.get("registry")
 log_metrics = logs.get("metrics")
@@ -34,6 +38,28 @@ def install() -> None:
     from ..integration.signals import on_worker_start
 
     on_worker_start(on_worker_init)
+    _register_held_command()
+
+
+#: the remote-control (inspect) command that lists a worker's gate-held requests
+HELD_COMMAND = "semaphore_held"
+
+
+def held_command(state: Any = None, **_: Any) -> list[dict[str, Any]]:
+    """The requests this worker's gate holds off the pool (not in ``inspect reserved``): task
+    id, task name, semaphore, stage, seconds held, place in line."""
+    import dataclasses
+
+    from ..integration import wakes
+
+    return [dataclasses.asdict(task) for task in wakes.held()]
+
+
+def _register_held_command() -> None:
+    from celery.worker import control
+
+    if HELD_COMMAND not in control.Panel.data:
+        control.inspect_command(name=HELD_COMMAND)(held_command)
 
 
 def on_worker_init(app: Any, worker: Any = None) -> None:
@@ -106,6 +132,8 @@ def note_dynamic_name(
 
 
 def _prepare_metrics(app: Any, port: int, address: str) -> None:
+    from ..integration import config
+
     _ensure_multiprocess_dir()
     try:
         from . import metrics
@@ -121,7 +149,18 @@ def _prepare_metrics(app: Any, port: int, address: str) -> None:
     def start(sender: Any = None, **_: Any) -> None:
         signals.worker_ready.disconnect(start)
         try:
-            metrics.start_exporter(app, port=port, address=address)
+            if config.setting(app.conf, "semaphore_metrics_page", True):
+                from . import web
+
+                web.start_server(
+                    app,
+                    port=port,
+                    address=address,
+                    scan=False,
+                    metrics_registry=metrics.exporter_registry(app),
+                )
+            else:
+                metrics.start_exporter(app, port=port, address=address)
         except Exception as exc:  # no metrics is no reason to stop processing tasks
             log_metrics.error(
                 "celery-semaphore: cannot serve metrics on %s:%d (semaphore_metrics_port): %s",

@@ -107,7 +107,7 @@ def test_each_concern_has_one_logger_and_the_modules_of_that_concern_use_it() ->
         "registry": {"worker_hooks"},
         "metrics": {"worker_hooks", "metrics"},
         "events": {"events"},
-        "cli": {"audit"},
+        "cli": {"audit", "web"},
     }
     assert used == expected
     # nothing logs around the helper (a bare logging.getLogger would drop the two fields)

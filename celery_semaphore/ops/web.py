@@ -1,0 +1,475 @@
+"""The operator's web page: every semaphore, its holders and waiters, live, in a browser.
+
+``celery -A proj semaphore serve`` (and, with ``semaphore_metrics_port`` set, every worker's
+metrics port) serves one page and the JSON it polls once a second.  The page is plain HTML and
+a small script shipped in the package (``ops/web_static``): nothing is fetched from elsewhere.
+Everything it shows is computed by :mod:`.views` (the same dicts as ``celery semaphore
+list/show/explain --json``), and ``explain`` is the CLI's own text (:mod:`.cli_render`).
+
+Routes (all ``GET`` unless said; JSON unless said)::
+
+    /                          the page (HTML); /static/app.js, /static/app.css
+    /api/semaphores            {"at", "prefix", "actions", "semaphores": [views.summary, ...]}
+    /api/semaphore?name=N      views.detail + "operator_actions" (404: unknown name)
+    /api/explain?task_id=T     {"results": [views.explain + "text"]} (404: not found)
+    /healthz                   "ok" (text)
+    /metrics                   Prometheus text, when served on a worker's metrics port
+    POST /api/actions/set-limit  {"name", "limit": int | null (null clears the override)}
+    POST /api/actions/release    {"name", "token"} or {"name", "task_id"}
+    POST /api/actions/reset      {"name"}
+
+Actions exist only when the server was started with them allowed (``serve
+--allow-actions``) and a token; each request must carry ``X-Semaphore-Token: <token>``
+(compared with :func:`hmac.compare_digest`), else it is refused with 403.  Each action is
+logged and appended to the audit list like the CLI's (:mod:`.audit`), with ``via: web``, the
+peer address and the name the operator typed into the page.  A worker's metrics port never
+allows actions.
+
+Names are user data: the server sends them only inside JSON, and the page puts them into the
+document as text (``textContent``), never as markup.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping
+from http import HTTPStatus
+from importlib import resources
+from socketserver import ThreadingMixIn
+from typing import Any
+from urllib.parse import parse_qs
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
+
+from .. import logs
+from . import audit, cli_render, registry, views
+
+__all__ = [
+    "TOKEN_ENV",
+    "Actions",
+    "Board",
+    "WebApp",
+    "start_server",
+]
+
+log = logs.get("cli")
+
+#: the environment variable ``serve`` reads the action token from (``--token`` wins)
+TOKEN_ENV = "CELERY_SEMAPHORE_WEB_TOKEN"
+#: the header a request carries its token in
+TOKEN_HEADER = "X-Semaphore-Token"
+#: seconds the list of known semaphores is reused before it is read again
+KNOWN_TTL = 10.0
+#: the largest request body accepted (an action is a few dozen bytes)
+MAX_BODY = 16 * 1024
+
+_STATIC = {
+    "/": ("index.html", "text/html; charset=utf-8"),
+    "/static/app.js": ("app.js", "text/javascript; charset=utf-8"),
+    "/static/app.css": ("app.css", "text/css; charset=utf-8"),
+}
+_SECURITY_HEADERS = [
+    ("X-Content-Type-Options", "nosniff"),
+    ("Referrer-Policy", "no-referrer"),
+    ("X-Frame-Options", "DENY"),
+    (
+        "Content-Security-Policy",
+        "default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self'; "
+        "img-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'",
+    ),
+    ("Cache-Control", "no-store"),
+]
+
+
+class HttpError(Exception):
+    def __init__(self, status: HTTPStatus, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class Board:
+    """What the page shows, read from Redis at each request (on the server's clock).
+
+    :param app: the Celery app (its Redis, key prefix, limited tasks and settings).
+    :param scan: also SCAN Redis for semaphores nobody registered (every ``KNOWN_TTL``).
+    :param client: a Redis client to use (default: one made from the app's settings).
+    """
+
+    def __init__(self, app: Any, *, scan: bool = True, client: Any = None) -> None:
+        from ..core.keys import validate_prefix
+        from ..integration.config import redis_settings
+
+        self.app = app
+        self.scan = scan
+        self.prefix = validate_prefix(app.conf.get("semaphore_key_prefix", "celery_semaphore"))
+        self.hash_tag = app.conf.get("semaphore_hash_tag", None)
+        if client is None:
+            from ..core.connection import redis_client
+
+            settings = redis_settings(app.conf)
+            client = redis_client(  # connects at its first command
+                settings.url,
+                cluster=settings.cluster,
+                options=settings.options,
+                socket_connect_timeout=3,
+                socket_timeout=5,
+                retries=1,
+            )
+        #: the Redis client (thread-safe: each request thread takes a pooled connection)
+        self.client = client
+        self._lock = threading.Lock()
+        self._known: dict[str, registry.Known] = {}
+        self._known_at = -KNOWN_TTL
+        self._semaphores: dict[tuple[str, int | None], Any] = {}
+
+    def known(self, *, fresh: bool = False) -> dict[str, registry.Known]:
+        client = self.client
+        with self._lock:
+            now = time.monotonic()
+            if fresh or now - self._known_at >= KNOWN_TTL:
+                self._known = registry.known(client, self.prefix, self.app, scan=self.scan)
+                self._known_at = now
+            return dict(self._known)
+
+    def entry(self, name: str) -> registry.Known | None:
+        """The Known entry for ``name`` (as ``celery semaphore show`` finds it), or None."""
+        from ..core.keys import SemaphoreKeys
+
+        entry = self.known().get(name) or self.known(fresh=True).get(name)
+        if entry is None and self.client.exists(SemaphoreKeys.for_name(name, self.prefix).state):
+            entry = registry.Known(name, found_in={"redis"})
+        return entry
+
+    def semaphore(self, entry: registry.Known) -> Any:
+        key = (entry.name, entry.configured_limit)
+        client = self.client
+        with self._lock:
+            sem = self._semaphores.get(key)
+            if sem is None:
+                sem = views.semaphore_for_known(client, self.prefix, entry, self.hash_tag)
+                self._semaphores[key] = sem
+            return sem
+
+    # -- what the routes return ----------------------------------------------------------
+
+    def overview(self) -> list[dict[str, Any]]:
+        """``celery semaphore list --json``."""
+        return [views.summary(e, self.semaphore(e).inspect()) for e in self.known().values()]
+
+    def detail(self, name: str) -> dict[str, Any] | None:
+        """``celery semaphore show NAME --json``; None for an unknown name."""
+        entry = self.entry(name)
+        if entry is None:
+            return None
+        data = views.detail(entry, self.semaphore(entry).inspect())
+        data["operator_actions"] = audit.read(self.client, self.prefix, name, limit=5)
+        return data
+
+    def explain(self, task_id: str) -> list[dict[str, Any]]:
+        """``celery semaphore explain TASK_ID --json``, each with the CLI's text."""
+        found = []
+        for entry in self.known().values():
+            result = views.explain(entry, self.semaphore(entry).inspect(), task_id)
+            if result is not None:
+                found.append({**result, "text": cli_render.explanation(result)})
+        return found
+
+
+class Actions:
+    """set-limit, release and reset from the page, behind a token; each logged like the
+    CLI's (see :mod:`.audit`)."""
+
+    def __init__(self, board: Board, token: str) -> None:
+        if not token:
+            raise ValueError("the web page's actions need a non-empty token")
+        self.board = board
+        self._token = token.encode("utf-8")
+
+    def allowed(self, presented: str | None) -> bool:
+        return presented is not None and hmac.compare_digest(
+            presented.encode("utf-8", "surrogateescape"), self._token
+        )
+
+    def _entry(self, name: str) -> Any:
+        entry = self.board.entry(name)
+        if entry is None:
+            raise HttpError(HTTPStatus.NOT_FOUND, f"unknown semaphore {name!r}")
+        return entry
+
+    def set_limit(self, name: str, limit: int | None, who: Mapping[str, Any]) -> dict[str, Any]:
+        """Set (or, with None, clear) the runtime override, as ``celery semaphore set-limit``."""
+        entry = self._entry(name)
+        sem = self.board.semaphore(entry)
+        before = views.limit_info(entry, sem.inspect())
+        sem.set_limit_override(limit)
+        after = views.limit_info(entry, sem.inspect())
+        audit.record(
+            self.board.client,
+            self.board.prefix,
+            "set-limit" if limit is not None else "clear-limit",
+            name,
+            limit=limit,
+            previous=before["limit"],
+            previous_source=before["source"],
+            **who,
+        )
+        return {"name": name, "before": before, "after": after}
+
+    def release(
+        self, name: str, token: str | None, task_id: str | None, who: Mapping[str, Any]
+    ) -> dict[str, Any]:
+        """Force-release permits by token or task id, as ``celery semaphore release --yes``."""
+        if (token is None) == (task_id is None):
+            raise HttpError(
+                HTTPStatus.BAD_REQUEST, "release: give either 'token' or 'task_id', not both"
+            )
+        entry = self._entry(name)
+        sem = self.board.semaphore(entry)
+        snap = sem.inspect()
+        if token is not None:
+            targets = [h for h in snap.holders if h.token == token]
+        else:
+            targets, _ = views.find_task(snap, str(task_id))
+        if not targets:
+            raise HttpError(
+                HTTPStatus.NOT_FOUND,
+                f"no holder of semaphore {name!r} has "
+                + (f"token {token}" if token is not None else f"task id {task_id}"),
+            )
+        done = []
+        for holder in targets:
+            released = sem.release_token(holder.token, timed=False)  # its task did not end
+            audit.record(
+                self.board.client,
+                self.board.prefix,
+                "release",
+                name,
+                token=holder.token,
+                task_id=holder.owner.get("task_id"),
+                task=holder.owner.get("task"),
+                holder_host=holder.owner.get("host") or holder.owner.get("machine"),
+                holder_pid=holder.owner.get("pid"),
+                weight=holder.weight,
+                held=round(snap.server_time - holder.acquired_at, 3),
+                released=released,
+                **who,
+            )
+            done.append({"token": holder.token, "released": released})
+        return {"name": name, "released": done}
+
+    def reset(self, name: str, who: Mapping[str, Any]) -> dict[str, Any]:
+        """Drop every holder and waiter, as ``celery semaphore reset --yes``."""
+        entry = self._entry(name)
+        sem = self.board.semaphore(entry)
+        snap = sem.inspect()
+        withdrawn = sum(1 for w in snap.waiters if sem.withdraw(w.ticket))
+        released = sum(1 for h in snap.holders if sem.release_token(h.token, timed=False))
+        sem.reclaim()
+        audit.record(
+            self.board.client,
+            self.board.prefix,
+            "reset",
+            name,
+            holders=released,
+            waiters=withdrawn,
+            tokens=[h.token for h in snap.holders],
+            forgot=False,
+            **who,
+        )
+        return {"name": name, "holders": released, "waiters": withdrawn}
+
+
+def _static(name: str) -> bytes:
+    return (resources.files("celery_semaphore.ops") / "web_static" / name).read_bytes()
+
+
+class WebApp:
+    """The WSGI application: the page, its JSON, the actions and (``metrics_app``) the
+    Prometheus exporter's ``/metrics``."""
+
+    def __init__(
+        self,
+        board: Board,
+        actions: Actions | None = None,
+        *,
+        metrics_app: Callable[..., Iterable[bytes]] | None = None,
+    ) -> None:
+        self.board = board
+        self.actions = actions
+        self.metrics_app = metrics_app
+
+    def __call__(self, environ: dict[str, Any], start_response: Callable[..., Any]) -> Any:
+        path = environ.get("PATH_INFO") or "/"
+        method = environ.get("REQUEST_METHOD", "GET")
+        if path == "/metrics" and self.metrics_app is not None:
+            return self.metrics_app(environ, start_response)
+        try:
+            status, ctype, body = self._route(method, path, environ)
+        except HttpError as exc:
+            status, ctype, body = exc.status, *_json({"error": str(exc)})
+        except Exception as exc:  # Redis down, a bad configuration: say so, keep serving
+            log.warning(
+                "celery-semaphore web page: %s %s failed: %s",
+                method,
+                path,
+                exc,
+                semaphore=None,
+                task_id=None,
+            )
+            status, ctype, body = HTTPStatus.SERVICE_UNAVAILABLE, *_json({"error": str(exc)})
+        headers = [("Content-Type", ctype), ("Content-Length", str(len(body))), *_SECURITY_HEADERS]
+        start_response(f"{status.value} {status.phrase}", headers)
+        return [body] if method != "HEAD" else [b""]
+
+    def _route(self, method: str, path: str, environ: Mapping[str, Any]) -> tuple[Any, ...]:
+        query = parse_qs(environ.get("QUERY_STRING") or "")
+        if path.startswith("/api/actions/"):
+            if method != "POST":
+                raise HttpError(HTTPStatus.METHOD_NOT_ALLOWED, "actions are POST requests")
+            return (HTTPStatus.OK, *_json(self._act(path.removeprefix("/api/actions/"), environ)))
+        if method not in ("GET", "HEAD"):
+            raise HttpError(HTTPStatus.METHOD_NOT_ALLOWED, f"{method} is not accepted here")
+        if path in _STATIC:
+            name, ctype = _STATIC[path]
+            return HTTPStatus.OK, ctype, _static(name)
+        if path == "/healthz":
+            return HTTPStatus.OK, "text/plain; charset=utf-8", b"ok\n"
+        if path == "/api/semaphores":
+            rows = self.board.overview()
+            return (
+                HTTPStatus.OK,
+                *_json(
+                    {
+                        "at": time.time(),
+                        "prefix": self.board.prefix,
+                        "actions": self.actions is not None,
+                        "semaphores": rows,
+                    }
+                ),
+            )
+        if path == "/api/semaphore":
+            name = _one(query, "name")
+            data = self.board.detail(name)
+            if data is None:
+                raise HttpError(HTTPStatus.NOT_FOUND, f"unknown semaphore {name!r}")
+            data["actions"] = self.actions is not None
+            return (HTTPStatus.OK, *_json(data))
+        if path == "/api/explain":
+            task_id = _one(query, "task_id")
+            results = self.board.explain(task_id)
+            if not results:
+                raise HttpError(
+                    HTTPStatus.NOT_FOUND,
+                    f"task {task_id} is neither holding nor waiting for any known semaphore: "
+                    "it may still be in the broker's queue, be done already, or not be a "
+                    "limited task",
+                )
+            return (HTTPStatus.OK, *_json({"results": results}))
+        raise HttpError(HTTPStatus.NOT_FOUND, f"no such page: {path}")
+
+    def _act(self, action: str, environ: Mapping[str, Any]) -> dict[str, Any]:
+        if self.actions is None:
+            raise HttpError(
+                HTTPStatus.FORBIDDEN,
+                "actions are off: this page is read-only (start `celery semaphore serve` "
+                "with --allow-actions and a token to allow them)",
+            )
+        if not self.actions.allowed(environ.get("HTTP_X_SEMAPHORE_TOKEN")):
+            raise HttpError(HTTPStatus.FORBIDDEN, f"missing or wrong {TOKEN_HEADER} header")
+        body = _body(environ)
+        name = body.get("name")
+        if not isinstance(name, str) or not name:
+            raise HttpError(HTTPStatus.BAD_REQUEST, "'name' (a semaphore name) is required")
+        operator = body.get("operator")
+        who = {
+            "via": "web",
+            "remote": environ.get("REMOTE_ADDR"),
+            "operator": operator[:100] if isinstance(operator, str) and operator else None,
+        }
+        if action == "set-limit":
+            limit = body.get("limit")
+            if limit is not None and (
+                not isinstance(limit, int) or isinstance(limit, bool) or limit < 1
+            ):
+                raise HttpError(
+                    HTTPStatus.BAD_REQUEST, f"limit={limit!r}: give an int >= 1, or null to clear"
+                )
+            return self.actions.set_limit(name, limit, who)
+        if action == "release":
+            token, task_id = body.get("token"), body.get("task_id")
+            if not isinstance(token, (str, type(None))) or not isinstance(
+                task_id, (str, type(None))
+            ):
+                raise HttpError(HTTPStatus.BAD_REQUEST, "'token' and 'task_id' are strings")
+            return self.actions.release(name, token, task_id, who)
+        if action == "reset":
+            return self.actions.reset(name, who)
+        raise HttpError(HTTPStatus.NOT_FOUND, f"no such action: {action}")
+
+
+def _json(value: Any) -> tuple[str, bytes]:
+    return "application/json", json.dumps(value, default=str).encode("utf-8")
+
+
+def _one(query: Mapping[str, list[str]], key: str) -> str:
+    values = query.get(key)
+    if not values or not values[0]:
+        raise HttpError(HTTPStatus.BAD_REQUEST, f"the query parameter {key!r} is required")
+    return values[0]
+
+
+def _body(environ: Mapping[str, Any]) -> dict[str, Any]:
+    try:
+        length = int(environ.get("CONTENT_LENGTH") or 0)
+    except ValueError:
+        length = -1
+    if length < 0 or length > MAX_BODY:
+        raise HttpError(HTTPStatus.BAD_REQUEST, f"send a JSON body of at most {MAX_BODY} bytes")
+    try:
+        value = json.loads(environ["wsgi.input"].read(length) or b"{}")
+    except ValueError as exc:
+        raise HttpError(HTTPStatus.BAD_REQUEST, f"the body is not JSON: {exc}") from exc
+    if not isinstance(value, dict):
+        raise HttpError(HTTPStatus.BAD_REQUEST, "the body must be a JSON object")
+    return value
+
+
+class _Server(ThreadingMixIn, WSGIServer):
+    """A WSGI server answering each request in its own daemon thread."""
+
+    daemon_threads = True
+    allow_reuse_address = True
+
+
+class _QuietHandler(WSGIRequestHandler):
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+
+def start_server(
+    app: Any,
+    *,
+    port: int,
+    address: str = "127.0.0.1",
+    scan: bool = True,
+    token: str | None = None,
+    metrics_registry: Any = None,
+) -> tuple[Any, threading.Thread]:
+    """Serve the page on ``address:port`` from a daemon thread; return (server, thread).
+
+    ``token``: allow the actions, for requests that carry it.  ``metrics_registry``: also
+    serve it as Prometheus ``/metrics`` (what a worker's metrics port does)."""
+    board = Board(app, scan=scan)
+    actions = Actions(board, token) if token is not None else None
+    metrics_app = None
+    if metrics_registry is not None:
+        import prometheus_client
+
+        metrics_app = prometheus_client.make_wsgi_app(metrics_registry)
+    web = WebApp(board, actions, metrics_app=metrics_app)
+    server = make_server(address, port, web, server_class=_Server, handler_class=_QuietHandler)
+    thread = threading.Thread(target=server.serve_forever, name="celery-semaphore-web", daemon=True)
+    thread.start()
+    return server, thread
