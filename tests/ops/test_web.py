@@ -258,6 +258,9 @@ def test_held_lists_the_gates_requests_that_inspect_reserved_does_not(
     ]
     assert held[0]["position"] == 0
     text = run_cli(site.client, "held", "-d", site.worker.name).output
+    nobody = run_cli(site.client, "held", "-d", "nobody@nowhere", "-t", "0.3")
+    assert nobody.exit_code == 1
+    assert "no worker replied within 0.3s" in nobody.output
     assert f"{site.worker.name}: 1 task(s) held by the gate" in text
     assert b in text
     # what Celery's own tools show for them: not reserved (the gate takes them off the pool's
@@ -457,7 +460,7 @@ def _no_alert(driver: Any) -> None:
         driver.switch_to.alert  # noqa: B018 - raises when no alert is open
 
 
-def test_browser_shows_a_markup_name_as_text(site: Site, browser: Any) -> None:
+def test_browser_shows_a_markup_name_as_text(browser: Any, site: Site) -> None:
     browser.get(site.url + "/")
     _until(browser, lambda d: SCRIPT_NAME in _texts(d, "a.sem-link"), "the markup name as text")
     _no_alert(browser)
@@ -476,7 +479,7 @@ def test_browser_shows_a_markup_name_as_text(site: Site, browser: Any) -> None:
 
 
 def test_browser_shows_a_holder_come_and_go_and_a_waiters_place(
-    site: Site, browser: Any, two_tasks: Any
+    browser: Any, site: Site, two_tasks: Any
 ) -> None:
     browser.get(site.url + "/#/s/web")
     _until(browser, lambda d: _texts(d, "#title code") == ["web"], "the detail page")
@@ -522,7 +525,7 @@ def test_browser_shows_a_holder_come_and_go_and_a_waiters_place(
     _until(browser, lambda d: "neither holding nor waiting" in " ".join(_texts(d, "pre")), "a")
 
 
-def test_browser_action_refused_without_the_token(site: Site, browser: Any) -> None:
+def test_browser_action_refused_without_the_token(browser: Any, site: Site) -> None:
     browser.get(site.url + "/#/s/web")
     _until(browser, lambda d: d.find_elements("id", "set-limit"), "the actions")
     browser.find_element("id", "limit-input").send_keys("5")
@@ -542,7 +545,7 @@ def test_browser_action_refused_without_the_token(site: Site, browser: Any) -> N
     wait_until(lambda: site.sem().inspect().limit_override is None, 10, what="override cleared")
 
 
-def test_browser_read_only_page_says_so(site: Site, browser: Any) -> None:
+def test_browser_read_only_page_says_so(browser: Any, site: Site) -> None:
     browser.get(site.worker_url + "/#/s/web")
     _until(browser, lambda d: _texts(d, "#title code") == ["web"], "the worker's page")
     assert "Read-only" in browser.find_element("id", "actions-note").text
