@@ -62,6 +62,8 @@ TOKEN_ENV = "CELERY_SEMAPHORE_WEB_TOKEN"
 TOKEN_HEADER = "X-Semaphore-Token"
 #: seconds the list of known semaphores is reused before it is read again
 KNOWN_TTL = 10.0
+#: the least seconds between two reads of that list for a name not found in it
+FRESH_MIN = 2.0
 #: the largest request body accepted (an action is a few dozen bytes)
 MAX_BODY = 16 * 1024
 
@@ -128,7 +130,10 @@ class Board:
         client = self.client
         with self._lock:
             now = time.monotonic()
-            if fresh or now - self._known_at >= KNOWN_TTL:
+            age = now - self._known_at
+            # `fresh` (a name not in the list): read again, but at most every FRESH_MIN
+            # seconds, so a page polling an unknown name does not SCAN Redis every second
+            if age >= KNOWN_TTL or (fresh and age >= FRESH_MIN):
                 self._known = registry.known(client, self.prefix, self.app, scan=self.scan)
                 self._known_at = now
             return dict(self._known)
