@@ -360,6 +360,7 @@ class WebApp:
             if data is None:
                 raise HttpError(HTTPStatus.NOT_FOUND, f"unknown semaphore {name!r}")
             data["actions"] = self.actions is not None
+            data["prefix"] = self.board.prefix
             return (HTTPStatus.OK, *_json(data))
         if path == "/api/explain":
             task_id = _one(query, "task_id")

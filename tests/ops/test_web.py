@@ -158,6 +158,10 @@ def test_json_endpoints_show_what_the_cli_shows(site: Site, two_tasks: Any) -> N
     assert status == 200
     assert [h["task_id"] for h in detail["holder_list"]] == [a]
     assert [(w["task_id"], w["position"]) for w in detail["waiter_list"]] == [(b, 0)]
+    assert (detail["waiter_list"][0]["how"], detail["waiter_list"][0]["held_by"]) == (
+        "held by a worker",
+        site.worker.name,
+    )
     assert detail["holder_list"][0]["host"] == site.worker.name
     status, explained = get(site.url + f"/api/explain?task_id={b}")
     assert status == 200
@@ -452,7 +456,13 @@ def _screenshot(driver: Any, name: str) -> None:
     if where:
         folder = Path(where) if Path(where).is_absolute() else ROOT / where
         folder.mkdir(parents=True, exist_ok=True)
-        driver.save_screenshot(str(folder / f"web-{name}.png"))
+        # the whole page, not just the window
+        height = driver.execute_script("return document.documentElement.scrollHeight")
+        driver.set_window_size(1400, max(600, min(2000, int(height) + 20)))
+        try:
+            driver.save_screenshot(str(folder / f"web-{name}.png"))
+        finally:
+            driver.set_window_size(1400, 900)
 
 
 def _no_alert(driver: Any) -> None:
@@ -493,8 +503,9 @@ def test_browser_shows_a_holder_come_and_go_and_a_waiters_place(
         lambda d: _texts(d, f'tr.waiter[data-task-id="{b}"] td.position') == ["0"],
         "b waiting at position 0",
     )
-    row = browser.find_element("css selector", f'tr.waiter[data-task-id="{b}"]').text
-    assert site.worker.name in row  # the node whose gate holds it
+    # held by the worker's gate, and which node that is
+    assert _texts(browser, f'tr.waiter[data-task-id="{b}"] td.how') == ["held by a worker"]
+    assert _texts(browser, f'tr.waiter[data-task-id="{b}"] td.held-by') == [site.worker.name]
     _screenshot(browser, "detail")
     browser.get(site.url + "/#/")
     _until(

@@ -215,12 +215,12 @@ function detailLive(d) {
   out.push(el("h2", {}, "Waiters (" + d.waiter_list.length + ")"));
   out.push(
     table(
-      ["Position", "Task id", "Task", "Partition", "Weight", "Waited", "Node", "Woken by"],
+      ["Position", "Task id", "Task", "Partition", "Weight", "Waited", "How", "Held by", "Host"],
       d.waiter_list.map((w) =>
         el("tr", { class: "waiter", "data-task-id": w.task_id || w.ticket },
           td(w.position, "num position"), td(taskLink(w.task_id || w.ticket)), td(w.task),
-          td(w.partition), td(w.weight, "num"), td(duration(w.waited), "num"), td(w.host),
-          td(w.parked ? "a wake-up (held by the node's gate, or parked)" : "blocking in a slot"))),
+          td(w.partition), td(w.weight, "num"), td(duration(w.waited), "num"), td(w.how, "how"),
+          td(w.held_by, "held-by"), td(w.host))),
       "waiters",
     ),
   );
@@ -339,6 +339,7 @@ async function refresh() {
       main.replaceChildren(el("h2", {}, "Semaphores"), overview(data));
     } else if (view.kind === "detail") {
       const data = await getJSON("/api/semaphore?name=" + encodeURIComponent(view.name));
+      document.getElementById("prefix").textContent = "key prefix " + data.prefix;
       setActions(data.actions);
       if (lastView !== key || !document.getElementById("live")) {
         main.replaceChildren(
