@@ -76,7 +76,8 @@ DEFAULT_AGING = 2.0
 WakeHandler = Callable[[str, str], None]
 #: ``on_handoff(ticket, data, fencing_token, lease_expires_at, claim)``: see :class:`Semaphore`
 HandoffHandler = Callable[[str, str, int, float, str], None]
-#: seconds a forced release's reason stays readable (:meth:`Semaphore.release_reason`)
+#: seconds a forced release's reason stays readable
+#: (:meth:`~celery_semaphore.Semaphore.release_reason`)
 GONE_TTL = 600.0
 
 #: Wake data ending with this marks a parked waiter that takes *handoffs*: a release (by a
@@ -646,8 +647,9 @@ class Semaphore:
         no finished work (a forced release, a grant given back unused), so it does not count
         in :attr:`Snapshot.hold_time_avg`.  ``handoff=False``: grant nothing by handoff (see
         ``on_handoff``), only name the waiters.  ``reason``: why someone other than the
-        holder releases it (e.g. "forced by alice@ops-1"); kept for :data:`GONE_TTL` seconds,
-        for the holder to read with :meth:`release_reason`."""
+        holder releases it (e.g. "forced by alice@ops-1"); kept for
+        :data:`~celery_semaphore.core.semaphore.GONE_TTL` seconds, for the holder to read
+        with :meth:`release_reason`."""
         token = _validate.ticket("token", token)
         claim = _validate.text("claim", claim)
         tomb = _validate.optional_non_negative_seconds("tombstone_ttl", tombstone_ttl)

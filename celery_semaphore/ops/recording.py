@@ -107,19 +107,20 @@ class _RecordedBody:
 
 def _body_cell(task: Any) -> tuple[Callable[..., Any], CellType] | None:
     """The task's wrapper function and the closure cell through which it calls the user's
-    function: the cell holding what ``functools.wraps`` recorded as ``__wrapped__``."""
-    run = getattr(task, "run", None)
-    fn: Any = getattr(run, "__func__", run)
-    wrapped = getattr(fn, "__wrapped__", None)
-    for cell in getattr(fn, "__closure__", None) or ():
-        try:
-            contents = cell.cell_contents
-        except ValueError:  # an empty cell
-            continue
-        if wrapped is not None and contents is wrapped:
-            return fn, cell
-        if isinstance(contents, _RecordedBody):
-            return fn, cell
+    function: the cell holding what ``functools.wraps`` recorded as ``__wrapped__``.  A task
+    with ``autoretry_for`` has Celery's retrying ``run`` around ours: ours is ``_orig_run``."""
+    for run in (getattr(task, "_orig_run", None), getattr(task, "run", None)):
+        fn: Any = getattr(run, "__func__", run)
+        wrapped = getattr(fn, "__wrapped__", None)
+        for cell in getattr(fn, "__closure__", None) or ():
+            try:
+                contents = cell.cell_contents
+            except ValueError:  # an empty cell
+                continue
+            if wrapped is not None and contents is wrapped:
+                return fn, cell
+            if isinstance(contents, _RecordedBody):
+                return fn, cell
     return None
 
 

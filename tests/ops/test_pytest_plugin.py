@@ -80,6 +80,13 @@ def semaphore_app(semaphore_app: Celery, barrier: threading.Barrier) -> Celery:
             return i
 
     semaphore_app.register_task(Transcode())
+
+    # Celery puts its own retrying run() around ours (task._orig_run) for autoretry_for
+    @semaphore_app.task(name="plugin.flaky", shared=False, autoretry_for=(KeyError,), max_retries=1)
+    @limited("flaky", limit=1)
+    def flaky(i: int) -> int:
+        return i
+
     return semaphore_app
 
 
@@ -105,6 +112,15 @@ def test_class_based_tasks_are_recorded_too(
     assert [transcode.delay(i).get(timeout=30) for i in range(3)] == [0, 1, 2]
     assert semaphore_recorder.bodies("gpu") == 3
     assert semaphore_recorder.max_concurrency("gpu") == 1
+    assert semaphore_recorder.no_permits_held()
+
+
+def test_tasks_with_autoretry_for_are_recorded_too(
+    semaphore_app: Celery, semaphore_worker: Any, semaphore_recorder: BodyRecorder
+) -> None:
+    flaky = semaphore_app.tasks["plugin.flaky"]
+    assert [flaky.delay(i).get(timeout=30) for i in range(2)] == [0, 1]
+    assert semaphore_recorder.bodies("flaky") == 2
     assert semaphore_recorder.no_permits_held()
 
 
