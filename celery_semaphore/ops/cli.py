@@ -153,8 +153,7 @@ class _Ops:
 
     def semaphore(self, entry: Any) -> Any:
         """A (cached) Semaphore object for a Known entry."""
-        from ..integration.wakes import WakeRouter
-        from .views import semaphore_for_known
+        from .actions import operable
 
         key = (entry.name, entry.configured_limit)
         sem = self._semaphores.get(key)
@@ -162,18 +161,9 @@ class _Ops:
             hash_tag = self.app.conf.get("semaphore_hash_tag", None)
             # wakes tasks held by a worker or parked in the broker, as a worker's release
             # would: a forced release or a reset lets them ask again at once
-            on_wake = WakeRouter(self.app, entry.name)
-            sem = semaphore_for_known(self.client, self.prefix, entry, hash_tag, on_wake)
+            sem = operable(self.app, self.client, self.prefix, entry, hash_tag)
             self._semaphores[key] = sem
         return sem
-
-
-def _who() -> str:
-    """The operator, as the audit log names them: ``user@host``."""
-    from .audit import operator
-
-    me = operator()
-    return f"{me['user']}@{me['host']} (celery semaphore)"
 
 
 def _safe_url(url: str) -> str:
@@ -271,25 +261,14 @@ def explain(ctx: click.Context, /, task_id: str, name: str | None, as_json: bool
 @_handle_errors
 def set_limit(ctx: click.Context, /, name: str, limit: int | None, clear: bool, **_: Any) -> None:
     """Set a runtime limit for NAME that every worker obeys at once (or --clear it)."""
-    from . import audit, views
+    from . import actions
 
     if clear == (limit is not None):
         raise click.UsageError("give either a LIMIT (an int >= 1) or --clear, not both")
     ops = _Ops(ctx)
     entry = ops.entry(name)
     sem = ops.semaphore(entry)
-    before = views.limit_info(entry, sem.inspect())
-    sem.set_limit_override(limit)
-    after = views.limit_info(entry, sem.inspect())
-    audit.record(
-        ops.client,
-        ops.prefix,
-        "clear-limit" if clear else "set-limit",
-        name,
-        limit=limit,
-        previous=before["limit"],
-        previous_source=before["source"],
-    )
+    before, after = actions.set_limit(ops.client, ops.prefix, sem, entry, limit)
     was = f"was {before['limit']} from {before['source']}"
     if clear:
         click.echo(
@@ -325,7 +304,7 @@ def release(
     logged, with who did it).
 
     The task itself keeps running: its heartbeat then reports the permit released."""
-    from . import audit, views
+    from . import actions, views
 
     if (token is None) == (task_id is None):
         raise click.UsageError("give either a TOKEN or --task-id ID, not both")
@@ -355,24 +334,8 @@ def release(
             confirmed = False
         if not confirmed:
             _fail("release cancelled (use --yes to skip the question)", EXIT_CANCELLED)
-    who = _who()
-    for holder in targets:
-        # timed=False: its task did not end; the reason is what its heartbeat will log
-        released = sem.release_token(holder.token, timed=False, reason=f"forced by {who}")
-        audit.record(
-            ops.client,
-            ops.prefix,
-            "release",
-            name,
-            token=holder.token,
-            task_id=holder.owner.get("task_id"),
-            task=holder.owner.get("task"),
-            holder_host=holder.owner.get("host") or holder.owner.get("machine"),
-            holder_pid=holder.owner.get("pid"),
-            weight=holder.weight,
-            held=round(snap.server_time - holder.acquired_at, 3),
-            released=released,
-        )
+    done = actions.force_release(ops.client, ops.prefix, sem, snap, targets)
+    for holder, released in zip(targets, done, strict=True):
         what = "released" if released else "was already gone:"
         click.echo(
             f"semaphore {name!r}: {what} token {holder.token} (task "
@@ -393,7 +356,7 @@ def reset(ctx: click.Context, /, name: str, yes: bool, forget: bool, **_: Any) -
     Running tasks keep running (their heartbeat reports the permit released by the reset);
     waiting tasks are woken at once and queue again.  The runtime override and the fencing counter
     are kept."""
-    from . import audit, registry
+    from . import actions
 
     ops = _Ops(ctx)
     entry = ops.entry(name)
@@ -410,22 +373,8 @@ def reset(ctx: click.Context, /, name: str, yes: bool, forget: bool, **_: Any) -
             confirmed = False
         if not confirmed:
             _fail("reset cancelled (use --yes to skip the question)", EXIT_CANCELLED)
-    # wake=True: each withdrawn task learns at once that its place is gone and asks again
-    withdrawn = sum(1 for w in snap.waiters if sem.withdraw(w.ticket, wake=True))
-    why = f"reset by {_who()}"
-    released = sum(1 for h in snap.holders if sem.release_token(h.token, timed=False, reason=why))
-    sem.reclaim()
-    forgotten = registry.forget(ops.client, ops.prefix, name) if forget else False
-    audit.record(
-        ops.client,
-        ops.prefix,
-        "reset",
-        name,
-        holders=released,
-        waiters=withdrawn,
-        tokens=[h.token for h in snap.holders],
-        forgot=forgotten,
-    )
+    result = actions.reset(ops.client, ops.prefix, sem, forget=forget)
+    released, withdrawn, forgotten = result.released, result.withdrawn, result.forgot
     after = sem.inspect()
     kept = f"; runtime override {after.limit_override} kept" if after.limit_override else ""
     click.echo(

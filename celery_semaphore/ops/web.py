@@ -44,7 +44,7 @@ from urllib.parse import parse_qs
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from .. import logs
-from . import audit, cli_render, registry, views
+from . import actions, audit, cli_render, registry, views
 
 __all__ = [
     "TOKEN_ENV",
@@ -153,7 +153,8 @@ class Board:
         with self._lock:
             sem = self._semaphores.get(key)
             if sem is None:
-                sem = views.semaphore_for_known(client, self.prefix, entry, self.hash_tag)
+                # its releases and resets wake held and parked tasks, as the CLI's do
+                sem = actions.operable(self.app, client, self.prefix, entry, self.hash_tag)
                 self._semaphores[key] = sem
             return sem
 
@@ -207,19 +208,8 @@ class Actions:
         """Set (or, with None, clear) the runtime override, as ``celery semaphore set-limit``."""
         entry = self._entry(name)
         sem = self.board.semaphore(entry)
-        before = views.limit_info(entry, sem.inspect())
-        sem.set_limit_override(limit)
-        after = views.limit_info(entry, sem.inspect())
-        audit.record(
-            self.board.client,
-            self.board.prefix,
-            "set-limit" if limit is not None else "clear-limit",
-            name,
-            limit=limit,
-            previous=before["limit"],
-            previous_source=before["source"],
-            **who,
-        )
+        client, prefix = self.board.client, self.board.prefix
+        before, after = actions.set_limit(client, prefix, sem, entry, limit, **who)
         return {"name": name, "before": before, "after": after}
 
     def release(
@@ -243,46 +233,17 @@ class Actions:
                 f"no holder of semaphore {name!r} has "
                 + (f"token {token}" if token is not None else f"task id {task_id}"),
             )
-        done = []
-        for holder in targets:
-            released = sem.release_token(holder.token, timed=False)  # its task did not end
-            audit.record(
-                self.board.client,
-                self.board.prefix,
-                "release",
-                name,
-                token=holder.token,
-                task_id=holder.owner.get("task_id"),
-                task=holder.owner.get("task"),
-                holder_host=holder.owner.get("host") or holder.owner.get("machine"),
-                holder_pid=holder.owner.get("pid"),
-                weight=holder.weight,
-                held=round(snap.server_time - holder.acquired_at, 3),
-                released=released,
-                **who,
-            )
-            done.append({"token": holder.token, "released": released})
+        client, prefix = self.board.client, self.board.prefix
+        released = actions.force_release(client, prefix, sem, snap, targets, **who)
+        done = [{"token": h.token, "released": r} for h, r in zip(targets, released, strict=True)]
         return {"name": name, "released": done}
 
     def reset(self, name: str, who: Mapping[str, Any]) -> dict[str, Any]:
         """Drop every holder and waiter, as ``celery semaphore reset --yes``."""
         entry = self._entry(name)
         sem = self.board.semaphore(entry)
-        snap = sem.inspect()
-        withdrawn = sum(1 for w in snap.waiters if sem.withdraw(w.ticket))
-        released = sum(1 for h in snap.holders if sem.release_token(h.token, timed=False))
-        sem.reclaim()
-        audit.record(
-            self.board.client,
-            self.board.prefix,
-            "reset",
-            name,
-            holders=released,
-            waiters=withdrawn,
-            tokens=[h.token for h in snap.holders],
-            forgot=False,
-            **who,
-        )
+        result = actions.reset(self.board.client, self.board.prefix, sem, **who)
+        released, withdrawn = result.released, result.withdrawn
         return {"name": name, "holders": released, "waiters": withdrawn}
 
 
@@ -300,10 +261,15 @@ class WebApp:
         actions: Actions | None = None,
         *,
         metrics_app: Callable[..., Iterable[bytes]] | None = None,
+        hosts: frozenset[str] | None = None,
     ) -> None:
         self.board = board
         self.actions = actions
         self.metrics_app = metrics_app
+        #: the host names a request may be addressed to (None: any).  A server on loopback
+        #: answers only "localhost" and loopback addresses, so a web site that rebinds its own
+        #: DNS name to 127.0.0.1 cannot read the page from the operator's browser.
+        self.hosts = hosts
 
     def __call__(self, environ: dict[str, Any], start_response: Callable[..., Any]) -> Any:
         path = environ.get("PATH_INFO") or "/"
@@ -311,6 +277,7 @@ class WebApp:
         if path == "/metrics" and self.metrics_app is not None:
             return self.metrics_app(environ, start_response)
         try:
+            self._check_host(environ)
             status, ctype, body = self._route(method, path, environ)
         except HttpError as exc:
             status, ctype, body = exc.status, *_json({"error": str(exc)})
@@ -327,6 +294,18 @@ class WebApp:
         headers = [("Content-Type", ctype), ("Content-Length", str(len(body))), *_SECURITY_HEADERS]
         start_response(f"{status.value} {status.phrase}", headers)
         return [body] if method != "HEAD" else [b""]
+
+    def _check_host(self, environ: Mapping[str, Any]) -> None:
+        if self.hosts is None:
+            return
+        host = str(environ.get("HTTP_HOST") or "")
+        name = host.rsplit(":", 1)[0] if not host.endswith("]") else host
+        if name.strip("[]").lower() not in self.hosts:
+            raise HttpError(
+                HTTPStatus.MISDIRECTED_REQUEST,
+                f"this page answers only on {', '.join(sorted(self.hosts))} (it listens on "
+                f"loopback); the request was addressed to {host!r}",
+            )
 
     def _route(self, method: str, path: str, environ: Mapping[str, Any]) -> tuple[Any, ...]:
         query = parse_qs(environ.get("QUERY_STRING") or "")
@@ -474,8 +453,25 @@ def start_server(
         import prometheus_client
 
         metrics_app = prometheus_client.make_wsgi_app(metrics_registry)
-    web = WebApp(board, actions, metrics_app=metrics_app)
+    web = WebApp(board, actions, metrics_app=metrics_app, hosts=_loopback_hosts(address))
     server = make_server(address, port, web, server_class=_Server, handler_class=_QuietHandler)
     thread = threading.Thread(target=server.serve_forever, name="celery-semaphore-web", daemon=True)
     thread.start()
     return server, thread
+
+
+#: the names a request to a server on loopback may use
+LOOPBACK_HOSTS = frozenset({"localhost", "127.0.0.1", "::1"})
+
+
+def _loopback_hosts(address: str) -> frozenset[str] | None:
+    """Who a server on ``address`` answers: only loopback names when it listens on loopback
+    (see :attr:`WebApp.hosts`), anyone otherwise (it is then reached by whatever name)."""
+    import ipaddress
+
+    if address == "localhost":
+        return LOOPBACK_HOSTS
+    try:
+        return LOOPBACK_HOSTS if ipaddress.ip_address(address).is_loopback else None
+    except ValueError:  # a host name
+        return None

@@ -193,6 +193,17 @@ def test_actions_need_the_token_and_are_logged(site: Site) -> None:
     assert entries[1]["detail"]["via"] == "web"
     assert entries[1]["detail"]["operator"] == "ann"
     assert entries[1]["detail"]["remote"] == "127.0.0.1"
+    # a forced release from the page leaves its reason for the holder's heartbeat, as the
+    # CLI's does (one implementation: celery_semaphore.ops.actions)
+    held = site.sem().acquire(blocking=False)
+    assert held is not None
+    release = site.url + "/api/actions/release"
+    status, body = get(release, TOKEN, {"name": "web", "token": held.token, "operator": "ann"})
+    assert status == 200, body
+    assert body["released"] == [{"token": held.token, "released": True}]
+    reason = site.sem().release_reason(held.token) or ""
+    assert reason.startswith("forced by ann via the web page (")
+    assert "from 127.0.0.1)" in reason
 
 
 def test_worker_metrics_port_serves_the_page_read_only_and_metrics(site: Site) -> None:

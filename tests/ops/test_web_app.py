@@ -167,3 +167,21 @@ def test_redis_down_is_a_503_and_a_warning(caplog: Any) -> None:
         server.shutdown()
         server.server_close()
         app.close()
+
+
+@pytest.mark.parametrize("host", ["evil.example:5580", "10.0.0.5:5580", "127.0.0.1.nip.io"])
+def test_a_server_on_loopback_refuses_other_host_names(served: str, host: str) -> None:
+    """DNS rebinding: a site whose name now resolves to 127.0.0.1 must not read the page."""
+    for path in ("/", "/api/semaphores"):
+        status, _, body = request(served + path, headers={"Host": host})
+        assert status == 421, body
+        assert f"the request was addressed to {host!r}" in json.loads(body)["error"]
+    port = served.rsplit(":", 1)[1]
+    for ok in (f"127.0.0.1:{port}", f"localhost:{port}", "localhost", f"[::1]:{port}"):
+        assert request(served + "/api/semaphores", headers={"Host": ok})[0] == 200, ok
+
+
+def test_a_server_on_every_interface_answers_any_host_name() -> None:
+    assert web._loopback_hosts("0.0.0.0") is None
+    assert web._loopback_hosts("127.0.0.2") == web.LOOPBACK_HOSTS
+    assert web._loopback_hosts("localhost") == web.LOOPBACK_HOSTS
