@@ -18,12 +18,14 @@ from .core.exceptions import (
 
 if TYPE_CHECKING:
     from .core.group import GroupPermit, SemaphoreGroup
+    from .core.rates import Rate
     from .core.semaphore import (
         Attempt,
         AttemptStatus,
         HolderInfo,
         PartitionInfo,
         Permit,
+        RateWindowInfo,
         Semaphore,
         Snapshot,
         WaiterInfo,
@@ -41,6 +43,7 @@ _CORE = frozenset(
         "HolderInfo",
         "PartitionInfo",
         "Permit",
+        "RateWindowInfo",
         "Semaphore",
         "Snapshot",
         "WaiterInfo",
@@ -61,10 +64,12 @@ _GROUP = frozenset({"GroupPermit", "SemaphoreGroup"})
 
 
 def __getattr__(name: str) -> Any:
-    if name in _CORE or name in _GROUP:
+    if name in _CORE or name in _GROUP or name == "Rate":
         from importlib import import_module
 
-        module = "core.group" if name in _GROUP else "core.semaphore"
+        module = (
+            "core.group" if name in _GROUP else "core.rates" if name == "Rate" else "core.semaphore"
+        )
         value = getattr(import_module(f"{__name__}.{module}"), name)
         globals()[name] = value
         return value
@@ -97,6 +102,7 @@ __all__ = [
     # the core primitive
     "Semaphore",
     "Permit",
+    "Rate",
     "SemaphoreGroup",
     "GroupPermit",
     # inspection and the low-level API
@@ -104,6 +110,7 @@ __all__ = [
     "AttemptStatus",
     "HolderInfo",
     "PartitionInfo",
+    "RateWindowInfo",
     "Snapshot",
     "WaiterInfo",
     # errors

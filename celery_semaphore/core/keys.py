@@ -19,7 +19,8 @@ With a ``hash_tag`` (several semaphores that must share one Redis Cluster slot, 
 ``<prefix>:{<encoded hash_tag>}:n:<encoded name>:<part>``: the tag is the encoded hash tag, and
 the encoded name follows a fixed ``n:`` marker.  Encoded names and tags contain no ``:``, so a
 key still names exactly one (hash_tag, name) pair, and it can never equal a key of a semaphore
-without a hash tag (those continue ``}:state``, ``}:expiry``, ``}:line`` or ``}:wake:``).
+without a hash tag (those continue ``}:state``, ``}:expiry``, ``}:line``, ``}:starts`` or
+``}:wake:``).
 """
 
 from __future__ import annotations
@@ -65,15 +66,17 @@ def validate_prefix(key_prefix: object) -> str:
 @dataclass(frozen=True)
 class SemaphoreKeys:
     """The keys of one semaphore; :meth:`state_keys` lists them in the order the Lua scripts
-    expect (KEYS[1..3]; ``scripts/_lib.lua`` describes what each holds)."""
+    expect (KEYS[1..4]; ``scripts/_lib.lua`` describes what each holds)."""
 
     expiry: str  # ZSET "h:"/"w:"/"d:" + token -> lease / place / tombstone expiry (server ms)
     state: str  # HASH used, seq, fence, limit_override; "h:"/"w:" + token -> holder / waiter
     line: str  # ZSET ticket -> arrival sequence number (FIFO order)
     base: str  # "<prefix>:{<tag>}", to derive per-ticket wake keys
+    #: ZSET, only while a rate is set: one member per start, scored by its server ms
+    starts: str = ""
 
     #: the Redis type each of :meth:`state_keys` must hold (or be absent)
-    TYPES: ClassVar[tuple[str, ...]] = ("zset", "hash", "zset")
+    TYPES: ClassVar[tuple[str, ...]] = ("zset", "hash", "zset", "zset")
 
     @classmethod
     def for_name(cls, name: str, key_prefix: str, hash_tag: str | None = None) -> SemaphoreKeys:
@@ -86,11 +89,12 @@ class SemaphoreKeys:
             state=f"{base}:state",
             line=f"{base}:line",
             base=base,
+            starts=f"{base}:starts",
         )
 
     def state_keys(self) -> list[str]:
-        """KEYS[1..3] for every script."""
-        return [self.expiry, self.state, self.line]
+        """KEYS[1..4] for every script (the group scripts: four per member)."""
+        return [self.expiry, self.state, self.line, self.starts]
 
     def wake(self, ticket: str) -> str:
         """The list a blocked waiter with ``ticket`` waits on (BLPOP)."""

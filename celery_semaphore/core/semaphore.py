@@ -49,6 +49,7 @@ from .exceptions import (
     SemaphoreTimeout,
 )
 from .keys import SemaphoreKeys, validate_prefix
+from .rates import Rate, encode_rates, parse_rates
 
 __all__ = [
     "HANDOFF_MARK",
@@ -58,6 +59,7 @@ __all__ = [
     "HolderInfo",
     "PartitionInfo",
     "Permit",
+    "RateWindowInfo",
     "Semaphore",
     "Snapshot",
     "WaiterInfo",
@@ -143,6 +145,21 @@ class PartitionInfo:
 
 
 @dataclass(frozen=True)
+class RateWindowInfo:
+    """One rate window, as :meth:`Semaphore.inspect` reports it."""
+
+    rate: Rate  #: the window, as stored by the last acquirer
+    started: int  #: weight started in the last ``rate.period_seconds`` (server clock)
+    #: seconds until the window has room for one more start (0.0: it has room now)
+    opens_in: float
+
+    @property
+    def available(self) -> int:
+        """Weight that may still start in this window now."""
+        return max(0, self.rate.count - self.started)
+
+
+@dataclass(frozen=True)
 class Snapshot:
     """Everything :meth:`Semaphore.inspect` read in one round trip."""
 
@@ -163,6 +180,8 @@ class Snapshot:
     hold_time_avg: float | None = None
     #: leases ever reclaimed after they expired (whoever's call noticed it)
     reclaimed_total: int = 0
+    #: the rate windows in force (the last acquirer's ``rate=``), by period; empty: no rate
+    rates: list[RateWindowInfo] = field(default_factory=list)
 
     @property
     def available(self) -> int:
@@ -178,6 +197,9 @@ class Attempt:
     position: int | None = None  #: for WAITING: in its partition's line, 0 is the head
     epoch: int = 0  #: for WAITING and STALE: the epoch of the place
     limit: int = 0  #: the limit in force when the script ran
+    #: for WAITING with a rate: seconds until every rate window has room for this waiter's
+    #: weight (server clock), when the rate is in the way; None: it is not (or no rate)
+    rate_retry_after: float | None = None
 
     def __init__(
         self,
@@ -186,11 +208,17 @@ class Attempt:
         position: int | None = None,
         epoch: int = 0,
         limit: int = 0,
+        rate_retry_after: float | None = None,
     ) -> None:
         # the generated __init__ of a frozen dataclass sets each field through
         # object.__setattr__; this one is on every acquire's path, so fill __dict__ at once
         self.__dict__.update(
-            status=status, permit=permit, position=position, epoch=epoch, limit=limit
+            status=status,
+            permit=permit,
+            position=position,
+            epoch=epoch,
+            limit=limit,
+            rate_retry_after=rate_retry_after,
         )
 
 
@@ -333,6 +361,13 @@ class Semaphore:
     :param aging: seconds after which a waiter at the head of its partition's line that does
         not fit in the free units has them reserved for it, so later arrivals in other
         partitions stop overtaking it (see "Fair sharing" in the docs).  0 reserves at once.
+    :param rate: at most so many starts (grants) per period, on top of ``limit``: one
+        ``"N/period"`` string (period ``s``, ``m``, ``h`` or ``d``, e.g. ``"100/s"``), a
+        :class:`~celery_semaphore.Rate`, or a list of them (every window must have room).
+        A grant of ``weight`` units counts as ``weight`` starts; a release gives none back.
+        Checked in the same script as the units, on the server's clock (see "Rates" in the
+        docs); stored in Redis by each acquire, so the last acquirer's rate is the one in
+        force for everyone (give all clients of one semaphore the same).
     """
 
     def __init__(
@@ -349,9 +384,15 @@ class Semaphore:
         aging: float = DEFAULT_AGING,
         hash_tag: str | None = None,
         on_handoff: HandoffHandler | None = None,
+        rate: str | Rate | list[str | Rate] | tuple[str | Rate, ...] | None = None,
     ) -> None:
         self.name = _validate.name("name", name)
         self.limit = _validate.positive_int("limit", limit)
+        #: the rate windows, by period (empty: no rate)
+        self.rates: tuple[Rate, ...] = parse_rates("rate", rate)
+        self._rate_text = encode_rates(self.rates)
+        #: the most weight one start may have under the rate (a window's smallest count)
+        self._rate_max_weight = min((r.count for r in self.rates), default=None)
         self.lease_ttl = _validate.positive_seconds("lease_ttl", lease_ttl)
         self.key_prefix = validate_prefix(key_prefix)
         self.timeout = _validate.optional_non_negative_seconds("timeout", timeout)
@@ -574,6 +615,7 @@ class Semaphore:
         """
         ticket = _validate.ticket("ticket", ticket)
         weight = _validate.positive_int("weight", weight, maximum=self.limit)
+        self._check_rate_weight(weight)
         place = _validate.non_negative_seconds("place_ttl", place_ttl)
         lease = _validate.optional_positive_seconds("lease_ttl", lease_ttl)
         grace = _validate.non_negative_seconds("wake_grace", wake_grace)
@@ -591,16 +633,25 @@ class Semaphore:
             f"{part_weight} "
             f"{self._aging_ms}"
         )
-        reply = self._run("acquire", [ticket, numbers, claim, owner_text, wake_data, part])
+        reply = self._run(
+            "acquire", [ticket, numbers, claim, owner_text, wake_data, part, self._rate_text]
+        )
         status = _STATUSES[int(reply[0])]
         limit = int(reply[4])
-        if len(reply) > 5:
-            self._wake(reply[5:])
+        if len(reply) > 6:
+            self._wake(reply[6:])
         if status is AttemptStatus.GRANTED or status is AttemptStatus.ALREADY_HELD:
             permit = Permit(self, ticket, weight, int(reply[1]), int(reply[2]) / 1000, claim)
             return Attempt(status, permit, None, 0, limit)
         if status is AttemptStatus.WAITING:
-            return Attempt(status, position=int(reply[1]), epoch=int(reply[2]), limit=limit)
+            rate_ms = int(reply[5])
+            return Attempt(
+                status,
+                position=int(reply[1]),
+                epoch=int(reply[2]),
+                limit=limit,
+                rate_retry_after=rate_ms / 1000 if rate_ms > 0 else None,
+            )
         if status is AttemptStatus.STALE:
             return Attempt(status, epoch=int(reply[1]), limit=limit)
         if status is AttemptStatus.WEIGHT_OVER_LIMIT:
@@ -609,6 +660,16 @@ class Semaphore:
                 f"limit in force ({limit}, a runtime override); use a weight from 1 to {limit}"
             )
         return Attempt(status, limit=limit)
+
+    def _check_rate_weight(self, weight: int) -> None:
+        most = self._rate_max_weight
+        if most is not None and weight > most:
+            raise ValueError(
+                f"weight={weight} is not accepted for semaphore {self.name!r} with "
+                f"rate={[str(r) for r in self.rates]}: a start counts its weight against every "
+                f"window, and a window admits at most {most}; use a weight from 1 to {most} "
+                "or a larger rate count"
+            )
 
     @staticmethod
     def _partition_args(
@@ -804,6 +865,7 @@ class Semaphore:
             ``partition_weight`` as in :meth:`try_acquire`.
         """
         _validate.positive_int("weight", weight, maximum=self.limit)
+        self._check_rate_weight(weight)
         self._partition_args(weight, partition, partition_cap, partition_weight)
         parts: dict[str, Any] = {
             "partition": partition,
@@ -862,6 +924,11 @@ class Semaphore:
                 if attempt.status is not AttemptStatus.WAITING:
                     return attempt
                 next_poll = clock.monotonic() + self.poll_interval
+                retry = attempt.rate_retry_after
+                if retry is not None and attempt.position == 0:
+                    # the head waits for a rate window: nobody releases when it opens, so it
+                    # wakes by itself then (those behind it are named when it starts)
+                    next_poll = min(next_poll, clock.monotonic() + retry)
                 if deadline is not None:
                     next_poll = min(next_poll, deadline)
                 while True:  # block until woken, the next poll, or give_up()
@@ -1022,6 +1089,17 @@ class Semaphore:
                     weight=int(part_weight),
                 )
             )
+        rest = rest[5 * n_parts :]
+        rates = []
+        for i in range(int(rest[0]) if rest else 0):
+            count, period_ms, started, opens_ms = rest[1 + 4 * i : 5 + 4 * i]
+            rates.append(
+                RateWindowInfo(
+                    rate=Rate(int(count), int(period_ms) / 1000),
+                    started=int(started),
+                    opens_in=max(0, int(opens_ms)) / 1000,
+                )
+            )
         return Snapshot(
             name=self.name,
             limit=override if override is not None else self.limit,
@@ -1034,6 +1112,7 @@ class Semaphore:
             grants_total=int(reply[6]),
             hold_time_avg=int(hold_text) / 1000 if hold_text else None,
             reclaimed_total=int(reply[8]),
+            rates=rates,
         )
 
     def available(self) -> int:
@@ -1047,7 +1126,8 @@ class Semaphore:
         return self.inspect().waiters
 
     def __repr__(self) -> str:
-        return f"<Semaphore {self.name!r} limit={self.limit} prefix={self.key_prefix!r}>"
+        rate = f" rate={[str(r) for r in self.rates]}" if self.rates else ""
+        return f"<Semaphore {self.name!r} limit={self.limit}{rate} prefix={self.key_prefix!r}>"
 
 
 def _check_attempt(claim: object, wake_data: object, epoch: object) -> None:

@@ -205,14 +205,19 @@ def _operations(sem: Semaphore) -> list[Callable[[], object]]:
 
 
 @pytest.mark.parametrize(
-    ("which", "squat"),
+    ("which", "squat", "rate"),
     [
-        ("expiry", lambda c, k: c.set(k, "not yours")),
-        ("expiry", lambda c, k: c.hset(k, "h:holder", "1")),
-        ("state", lambda c, k: c.set(k, "not yours")),
-        ("state", lambda c, k: c.zadd(k, {"used": 0})),
-        ("line", lambda c, k: c.rpush(k, "waiter")),
-        ("line", lambda c, k: c.hset(k, "waiter", "1")),
+        ("expiry", lambda c, k: c.set(k, "not yours"), None),
+        ("expiry", lambda c, k: c.hset(k, "h:holder", "1"), None),
+        ("state", lambda c, k: c.set(k, "not yours"), None),
+        ("state", lambda c, k: c.zadd(k, {"used": 0}), None),
+        ("line", lambda c, k: c.rpush(k, "waiter"), None),
+        ("line", lambda c, k: c.hset(k, "waiter", "1"), None),
+        # with a rate, the starts key is read too (a day's window: it outlives the test)
+        ("expiry", lambda c, k: c.set(k, "not yours"), "1000/d"),
+        ("line", lambda c, k: c.rpush(k, "waiter"), "1000/d"),
+        ("starts", lambda c, k: c.set(k, "not yours"), "1000/d"),
+        ("starts", lambda c, k: c.hset(k, "1", "1"), "1000/d"),
     ],
 )
 def test_foreign_type_at_any_key_destroys_no_data(
@@ -221,12 +226,13 @@ def test_foreign_type_at_any_key_destroys_no_data(
     key_prefix: str,
     which: str,
     squat: Callable[[redis.Redis, str], object],
+    rate: str | None,
 ) -> None:
     # A semaphore with a holder, a waiter, a tombstone, and entries whose time ran out, so
     # every script has something to reclaim and to write; then one key is replaced by a value
     # of another type.  Every operation must fail naming that key, and leave every key of the
     # semaphore exactly as it was (the scripts read all keys before their first write).
-    sem = make_semaphore("squatted-" + which, 2)
+    sem = make_semaphore("squatted-" + which, 2, rate=rate)
     assert sem.try_acquire("holder", claim="c").status.name == "GRANTED"
     assert sem.try_acquire("released").status.name == "GRANTED"
     assert sem.release_token("released") is True
@@ -237,6 +243,8 @@ def test_foreign_type_at_any_key_destroys_no_data(
     assert redis_client.zadd(sem.keys.expiry, expired, xx=True, ch=True) == 2
     key = getattr(sem.keys, which)
     snapshot = {k: redis_client.dump(k) for k in sem.keys.state_keys()}
+    existing = {k for k, v in snapshot.items() if v is not None} | {key}
+    assert len(existing) == (3 if rate is None else 4)
     redis_client.delete(key)
     squat(redis_client, key)
     foreign = redis_client.dump(key)
@@ -253,7 +261,7 @@ def test_foreign_type_at_any_key_destroys_no_data(
         sem.set_limit_override(5)
     assert exc_info.value.key == key
     assert sorted(redis_client.scan_iter(match=key_prefix + "*")) == sorted(
-        k.encode() for k in sem.keys.state_keys()
+        k.encode() for k in existing
     )
 
 

@@ -64,7 +64,7 @@ def test_all_keys_of_one_semaphore_share_one_slot(name: str) -> None:
     for key in all_keys(keys):
         assert key.startswith(PREFIX + ":{")
         assert hash_tag(key) == encode_name(name)
-    assert len(set(keys.state_keys())) == 3
+    assert len(set(keys.state_keys())) == 4
 
 
 def test_distinct_names_never_share_keys() -> None:

@@ -1,6 +1,6 @@
 -- Shared prelude, prepended to every script by celery_semaphore/_scripts.py.
 --
--- KEYS (the same three for every script, all under one {hash tag}):
+-- KEYS (the same four for every script, all under one {hash tag}):
 --   KEYS[1] expiry  ZSET  member -> expiry, server ms; the member's prefix says what expires:
 --                           'h:'..token   a holder's lease; once released (no 'h:' field in
 --                                         state any more), the token's tombstone
@@ -12,7 +12,10 @@
 --                                    hold_avg (moving average of hold times, ms: each release
 --                                    moves it 1/8 of the way to its hold; absent before the
 --                                    first release), reclaimed (leases taken back after expiry,
---                                    ever; absent before the first)
+--                                    ever; absent before the first),
+--                                    rate (the rate windows, "<count> <period ms> ..." by
+--                                    period; written by acquire.lua, the last acquirer's
+--                                    counts; absent: no rate)
 --                         'h:'..token   a holder:  "<weight> <fence> <acquired ms> <aside>
 --                                                   <#claim> <#partition> <claim><partition><owner>"
 --                                       (aside: 1 when its grant set a tombstone aside)
@@ -29,6 +32,12 @@
 --                           <#partition, 4 digits><partition><seq, 15 digits><ticket>
 --                         : grouped by partition, FIFO (arrival number) within one.  One
 --                         ZRANGEBYLEX finds the head of a partition, or of the next partition.
+--   KEYS[4] starts  ZSET  only used while a rate is set: one member per start (grant), score =
+--                         its server ms, member = <total weight started so far, this start
+--                         included, 17 digits> <weight>; so the starts after a time are
+--                         (the last member's total) - (the first such member's total - weight).
+--                         Members older than the longest window are trimmed at each start, and
+--                         the key expires one longest window (+ 1 s) after the last start.
 -- A holder has its 'h:' member in expiry and its 'h:' field in state; a waiter its 'w:' member,
 -- its 'w:' field and its member in line; every script adds and removes them together.  A release
 -- deletes the holder's field and turns its member into the tombstone (new score), so a tombstone
@@ -52,7 +61,7 @@
 -- written yet; the Python side then looks up which key it was (TYPE) and raises
 -- SemaphoreStateError naming it.
 
-local K_EXP, K_STATE, K_LINE = KEYS[1], KEYS[2], KEYS[3]
+local K_EXP, K_STATE, K_LINE, K_RATE = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 
 local CAN_DISPATCH = ARGV[#ARGV] == '1'
 
@@ -62,19 +71,30 @@ local CAN_DISPATCH = ARGV[#ARGV] == '1'
 -- default, no cap and weight 1).
 local now, now_text, used, limit_override, waiting, reclaimed = 0, '0', 0, false, 0, 0
 local pused, default_record = 0, false
+-- The rate, set by begin(): false (none), or {windows = {{count, period ms}...}, max_p = the
+-- longest period, min_n = the smallest count, text = as stored}; rate_total and rate_last: the
+-- total weight started and the score of the last start (the starts key's last member).  A
+-- script that sets a rate (acquire.lua) puts its text in rate_arg before calling begin().
+local rate, rate_total, rate_last, rate_arg, rate_stored = false, 0, 0, nil, false
+-- Set by entitled(): the rate left free units unserved (see name_heads()); name_rate_heads:
+-- collect_wakes() then names the heads (a script whose caller is a waiter polling turns it off).
+local rate_blocked, name_rate_heads = false, true
 
--- Group scripts work on several semaphores, three KEYS each (member i: KEYS[3i-2 .. 3i]); use(i)
+-- Group scripts work on several semaphores, four KEYS each (member i: KEYS[4i-3 .. 4i]); use(i)
 -- makes member i the one every function here works on, keeping each member's counters.
 local members, current = {}, 1
 local function use(i)
   if i == current then return end
-  members[current] = {used, limit_override, waiting, reclaimed, pused, default_record}
-  K_EXP, K_STATE, K_LINE = KEYS[3 * i - 2], KEYS[3 * i - 1], KEYS[3 * i]
+  members[current] = {used, limit_override, waiting, reclaimed, pused, default_record, rate,
+                      rate_total, rate_last, rate_stored}
+  K_EXP, K_STATE, K_LINE, K_RATE = KEYS[4 * i - 3], KEYS[4 * i - 2], KEYS[4 * i - 1], KEYS[4 * i]
   local saved = members[i]
   if saved then
-    used, limit_override, waiting, reclaimed, pused, default_record = unpack(saved, 1, 6)
+    used, limit_override, waiting, reclaimed, pused, default_record, rate, rate_total,
+      rate_last, rate_stored = unpack(saved, 1, 10)
   else
     used, limit_override, waiting, reclaimed, pused, default_record = 0, false, 0, 0, 0, false
+    rate, rate_total, rate_last, rate_stored = false, 0, 0, false
   end
   current = i
 end
@@ -225,17 +245,32 @@ local function reclaim(expired, vals, ...)
   for i = 1, #fields do
     local f = fields[i]
     if gone[f] then
-      vals[i + 4] = false
+      vals[i + 5] = false
     elseif string.sub(f, 1, 2) == 'p:' and parts[string.sub(f, 3)] then
-      vals[i + 4] = redis.call('HGET', K_STATE, f)
+      vals[i + 5] = redis.call('HGET', K_STATE, f)
     end
   end
 end
 
--- The first thing every script does.  Reads the three keys (see "Foreign data" above), the
--- counters and the state fields `...` the script asks for; then reclaims what has expired: at
--- most 64 entries per call (the next call continues), and nothing more than one count when
--- nothing has.  Returns the values of `...`, false where absent (or just reclaimed).
+-- The rate windows of a rate text ("<count> <period ms> ..."), or false for ''.
+local function parse_rate(text)
+  if not text or text == '' then return false end
+  local windows, max_p, min_n = {}, 0, math.huge
+  for n, p in string.gmatch(text, '(%d+) (%d+)') do
+    n, p = tonumber(n), tonumber(p)
+    windows[#windows + 1] = {n, p}
+    if p > max_p then max_p = p end
+    if n < min_n then min_n = n end
+  end
+  if #windows == 0 then return false end
+  return {windows = windows, max_p = max_p, min_n = min_n, text = text}
+end
+
+-- The first thing every script does.  Reads the keys (see "Foreign data" above; the starts key
+-- only when a rate is set), the counters and the state fields `...` the script asks for; then
+-- reclaims what has expired: at most 64 entries per call (the next call continues), and
+-- nothing more than one count when nothing has.  Returns the values of `...`, false where
+-- absent (or just reclaimed).
 local function begin(...)
   now, now_text = now_ms()
   -- counting is cheaper than an empty range, and usually nothing has expired
@@ -243,15 +278,85 @@ local function begin(...)
   if redis.call('ZCOUNT', K_EXP, '-inf', now_text) > 0 then
     expired = redis.call('ZRANGEBYSCORE', K_EXP, '-inf', now_text, 'LIMIT', 0, 64)
   end
-  local vals = redis.call('HMGET', K_STATE, 'used', 'limit_override', 'pused', 'p:', ...)
+  local vals = redis.call('HMGET', K_STATE, 'used', 'limit_override', 'pused', 'p:', 'rate', ...)
   waiting = redis.call('ZCARD', K_LINE)
-  -- all three keys have been read: from here on, writes are safe
+  rate_stored = vals[5]
+  if rate_arg ~= nil then rate = parse_rate(rate_arg) else rate = parse_rate(rate_stored) end
+  rate_total, rate_last = 0, 0
+  if rate then
+    local last = redis.call('ZRANGE', K_RATE, -1, -1, 'WITHSCORES')
+    if last[1] then
+      rate_total = tonumber(string.match(last[1], '^(%d+)')) or 0
+      rate_last = tonumber(last[2]) or 0
+    end
+  end
+  -- all the keys have been read: from here on, writes are safe
   used = tonumber(vals[1]) or 0
   limit_override = vals[2]
   pused = tonumber(vals[3]) or 0
   default_record = vals[4]
   if expired then reclaim(expired, vals, ...) end
-  return unpack(vals, 5, 4 + select('#', ...))
+  return unpack(vals, 6, 5 + select('#', ...))
+end
+
+-- Rates (docs/concepts.md, "Rates"): a sliding log of starts, exact to the server's ms.  A
+-- window {count, period} admits a start of weight w at `now` when the starts (weights) in
+-- (now - period, now] plus w are at most count.
+
+-- The weight started in the last `p` ms.
+local function rate_used(p)
+  local first = redis.call('ZRANGEBYSCORE', K_RATE, '(' .. (now - p), '+inf', 'LIMIT', 0, 1)
+  if not first[1] then return 0 end
+  local total, w = string.match(first[1], '^(%d+) (%d+)$')
+  return rate_total - (tonumber(total) - tonumber(w))
+end
+
+-- How much weight may start now: the least room left in any window (math.huge: no rate).
+local function rate_budget()
+  if not rate then return math.huge end
+  local budget = math.huge
+  for _, win in ipairs(rate.windows) do
+    local room = win[1] - rate_used(win[2])
+    if room < budget then budget = room end
+  end
+  return budget
+end
+
+-- Milliseconds until every window has room for `w` more (0: now; -1: never, w is over a
+-- window's count).  Per full window: a binary search over the starts in it (log2 of their
+-- number ZRANGE calls) for the start whose leaving makes room.
+local function rate_wait(w)
+  if not rate then return 0 end
+  local wait = 0
+  for _, win in ipairs(rate.windows) do
+    local n, p = win[1], win[2]
+    if w > n then return -1 end
+    if rate_used(p) + w > n then
+      -- the first start whose running total reaches `target` leaves at its time + p
+      local target = rate_total - n + w
+      local lo = redis.call('ZCOUNT', K_RATE, '-inf', now - p)
+      local hi = redis.call('ZCARD', K_RATE) - 1
+      while lo < hi do
+        local mid = math.floor((lo + hi) / 2)
+        local member = redis.call('ZRANGE', K_RATE, mid, mid)[1]
+        if tonumber(string.match(member, '^(%d+)')) >= target then hi = mid else lo = mid + 1 end
+      end
+      local found = redis.call('ZRANGE', K_RATE, lo, lo, 'WITHSCORES')
+      local opens = tonumber(found[2]) + p - now
+      if opens > wait then wait = opens end
+    end
+  end
+  return wait
+end
+
+-- Count a start of `w` units against the rate (every grant calls it).
+local function rate_record(w)
+  rate_total = rate_total + w
+  local t = math.max(now, rate_last)  -- scores never go back: the log stays in start order
+  rate_last = t
+  redis.call('ZADD', K_RATE, t, string.format('%017d', rate_total) .. ' ' .. string.format('%d', w))
+  redis.call('ZREMRANGEBYSCORE', K_RATE, '-inf', t - rate.max_p)
+  redis.call('PEXPIRE', K_RATE, rate.max_p + 1000)
 end
 
 local function effective_limit(client_limit)
@@ -270,6 +375,7 @@ end
 local function grant(ticket, weight, weight_text, claim, owner, lease_ms, fence, part, record)
   fence = fence + 1
   used = used + weight
+  if rate then rate_record(weight) end
   local expiry = now + lease_ms
   local aside = '0'
   if redis.call('ZADD', K_EXP, 'NX', expiry, 'h:' .. ticket) == 0 then
@@ -428,10 +534,17 @@ local function entitled(limit, aging)
   local out = {}
   local free = limit - used
   if waiting <= 0 or free <= 0 then return out end
+  -- with a rate, a second budget: the weight that may start now (see rate_budget())
+  local rate_free = rate and rate_budget() or math.huge
+  if rate_free <= 0 then
+    rate_blocked = true
+    return out
+  end
   -- the partitions with waiters, each with its first batch of line members: no more than the
-  -- free units can serve (each waiter takes at least one), so the usual release, one unit
-  -- free, reads and parses one waiter, not 16; head() reads on when that was not enough
-  local first = math.min(16, free)
+  -- free units (and starts) can serve (each waiter takes at least one), so the usual release,
+  -- one unit free, reads and parses one waiter, not 16; head() reads on when that was not
+  -- enough
+  local first = math.min(16, free, rate_free)
   local parts, fields = {}, {}
   local from = '-'
   while true do
@@ -501,6 +614,7 @@ local function entitled(limit, aging)
   local function serve(p, h)
     out[#out + 1] = {h[2], h[3]}
     free = free - h[3].w
+    rate_free = rate_free - h[3].w
     p.used = p.used + h[3].w
     p.at = p.at + 1
   end
@@ -508,15 +622,16 @@ local function entitled(limit, aging)
   -- First, waiters named in a wake-up less than their wake grace ago keep the units they were
   -- named for: they are on their way, and a newcomer in another partition does not take those
   -- units back.  (They stand at the front of their lines: they were entitled when named.)
+  local never = rate and rate.min_n or math.huge  -- heavier than a rate window's count
   for _, p in ipairs(parts) do
-    while free > 0 do
+    while free > 0 and rate_free > 0 do
       local h = live_head(p)
       if not h then break end
       local info = h[3]
       local w = info.w
-      if w > limit or (p.cap and w > p.cap) then
+      if w > limit or (p.cap and w > p.cap) or w > never then
         p.at = p.at + 1  -- can never fit
-      elseif info.wk == 0 or now - info.wk >= info.g or w > free
+      elseif info.wk == 0 or now - info.wk >= info.g or w > free or w > rate_free
           or (p.cap and p.used + w > p.cap) then
         break
       else
@@ -526,7 +641,7 @@ local function entitled(limit, aging)
   end
 
   -- Then the fair-share order.
-  while free > 0 do
+  while free > 0 and rate_free > 0 do
     local best, best_head
     for _, p in ipairs(parts) do
       if not p.done then
@@ -544,18 +659,45 @@ local function entitled(limit, aging)
     if not best then break end
     local info = best_head[3]
     local w = info.w
-    if w > limit or (best.cap and w > best.cap) then
+    if w > limit or (best.cap and w > best.cap) or w > never then
       best.at = best.at + 1  -- can never fit
     elseif best.cap and best.used + w > best.cap then
       best.done = true
-    elseif w > free then
+    elseif w > free or w > rate_free then
       if now - tonumber(info.since) >= aging then break end
       best.done = true
     else
       serve(best, best_head)
     end
   end
+  -- the rate left units free that waiters could have used (an estimate: see name_heads())
+  rate_blocked = rate ~= false and free > 0 and rate_free < free and #out < waiting
   return out
+end
+
+-- With a rate: the head waiter of each partition (at most 16), that is not in `list` (already
+-- named) nor `me`, and blocks (no wake data), appended to `reply` as ticket, '' pairs without
+-- marking it woken.  When entitled() found the rate, not the units, in the way (rate_blocked),
+-- collect_wakes() calls this, so the next heads learn at once when their window opens (their
+-- own call returns that: nobody releases when it does) instead of at their next poll.
+local function name_heads(list, me, reply)
+  local skip = {[me] = true}
+  for _, entry in ipairs(list) do skip[entry[1]] = true end
+  local from = '-'
+  for _ = 1, 16 do
+    local member = redis.call('ZRANGEBYLEX', K_LINE, from, '+', 'LIMIT', 0, 1)[1]
+    if not member then break end
+    local _, _, ticket, pre = split_member(member)
+    if not skip[ticket] then
+      local raw = redis.call('HGET', K_STATE, 'w:' .. ticket)
+      if raw and parse_waiter(raw).d == '' then
+        reply[#reply + 1] = ticket
+        reply[#reply + 1] = ''
+      end
+    end
+    from = '(' .. pre .. '\255'
+  end
+  return reply
 end
 
 -- Of the entitled waiters other than `me`, those to wake now: each is named at most once per
@@ -580,5 +722,8 @@ local function collect_wakes(list, me, grace, reply)
     end
   end
   if #marks > 0 then redis.call('HSET', K_STATE, unpack(marks)) end
+  if rate_blocked and name_rate_heads and waiting > 0 then name_heads(list, me, reply) end
+  rate_blocked = false
   return reply
 end
+

@@ -3,7 +3,7 @@
 -- line.  Idempotent per (ticket, claim): a re-sent call whose first reply
 -- was lost finds the grant it already made and returns it again.
 --
--- KEYS[1..3]: see _lib.lua.
+-- KEYS[1..4]: see _lib.lua.
 -- ARGV[1]  ticket         the waiter's identity; becomes the permit token when granted
 -- ARGV[2]  numbers        ten integers, space-separated (one argument: fewer to send):
 --            weight         units wanted (>= 1)
@@ -27,8 +27,10 @@
 -- ARGV[4]  owner          owner metadata, JSON text, stored as given
 -- ARGV[5]  data           wake data for a parked waiter ('' = a blocked waiter, woken by list)
 -- ARGV[6]  partition      the waiter's partition ('' = the default one)
+-- ARGV[7]  rate           the rate windows, "<count> <period ms> ..." ('' = no rate); stored
+--                         as the state's 'rate' (the last acquirer's counts for every script)
 --
--- Returns {status, n1, n2, n3, n4, wake pairs...}:
+-- Returns {status, n1, n2, n3, n4, n5, wake pairs...}:
 --   status 1 granted now           n1 fencing token, n2 lease expiry ms, n3 server now ms
 --   status 2 already held (claim)  n1 fencing token, n2 lease expiry ms, n3 server now ms
 --   status 3 held by another claim n1 0
@@ -38,7 +40,9 @@
 --   status 6 weight over limit     n1 effective limit
 --   status 7 not granted, no place kept (place_ttl_ms = 0)
 --   status 8 stale epoch           n1 epoch of the place
---   n4 = effective limit; then ticket, data pairs of other waiters to wake.
+--   n4 = effective limit; n5 = for status 5, ms until every rate window has room for this
+--   waiter's weight (0: it has room now, or no rate; -1: never); then ticket, data pairs of
+--   other waiters to wake.
 
 local ticket, claim, owner, data, part = ARGV[1], ARGV[3], ARGV[4], ARGV[5], ARGV[6]
 local weight, client_limit, lease_ms, place_ttl, grace, epoch, check_done, cap, part_weight,
@@ -55,9 +59,18 @@ end
 local forget = check_done == '2'
 check_done = check_done == '1'
 
+rate_arg = ARGV[7]
+name_rate_heads = false  -- the caller is a waiter: it does not wake the heads on each poll
 local held, raw, fence, part_raw = begin('h:' .. ticket, 'w:' .. ticket, 'fence', 'p:' .. part)
 fence = tonumber(fence) or 0
 local limit = effective_limit(client_limit)
+if rate_arg ~= (rate_stored or '') then
+  if rate then
+    redis.call('HSET', K_STATE, 'rate', rate_arg)
+  else
+    redis.call('HDEL', K_STATE, 'rate')
+  end
+end
 
 -- Every reply names the waiters to wake: the reclaim in begin() may have freed units (an
 -- expired lease or place) whatever this call's own outcome, and those units belong to waiters
@@ -68,32 +81,32 @@ end
 
 if held then
   local _, held_fence, held_claim = parse_holder(held)
-  if held_claim ~= claim then return finish({3, 0, 0, now, limit}) end
+  if held_claim ~= claim then return finish({3, 0, 0, now, limit, 0}) end
   local expiry = now + lease_ms
   redis.call('ZADD', K_EXP, 'XX', expiry, 'h:' .. ticket)
-  return finish({2, held_fence, expiry, now, limit})
+  return finish({2, held_fence, expiry, now, limit, 0})
 end
 if check_done and tombstone(ticket) then
   if raw then drop_waiter(ticket, parse_waiter(raw)) end
-  return finish({4, 0, 0, now, limit})
+  return finish({4, 0, 0, now, limit, 0})
 end
 if forget then forget_done(ticket) end
-if weight > limit then return finish({6, limit, 0, now, limit}) end
+if weight > limit then return finish({6, limit, 0, now, limit, 0}) end
 
 local info
 if raw then
   info = parse_waiter(raw)
-  if epoch < info.e then return finish({8, info.e, 0, now, limit}) end
+  if epoch < info.e then return finish({8, info.e, 0, now, limit, 0}) end
 end
 
 local record, part_used = partition_record(part, part_raw, cap, part_weight)
 local room = cap < 0 or part_used + weight <= cap
 
 -- Fast path: nobody in line and room enough, so the grant cannot pass anyone.
-if waiting == 0 and used + weight <= limit and room then
+if waiting == 0 and used + weight <= limit and room and (not rate or rate_budget() >= weight) then
   local granted, expiry =
     grant(ticket, weight, weight_text, claim, owner, lease_ms, fence, part, record)
-  return {1, granted, expiry, now, limit}
+  return {1, granted, expiry, now, limit, 0}
 end
 store_record(part, part_raw, record)
 info = enqueue(ticket, info or false, weight, epoch, owner, data, grace, part)
@@ -110,14 +123,19 @@ if mine then
     grant(ticket, weight, weight_text, claim, owner, lease_ms, fence, part, record)
   drop_waiter(ticket, info)
   -- `list` still holds the other waiters the free units belong to
-  return finish({1, granted, expiry, now, limit}, list)
+  local blocked = rate_blocked  -- (finish() clears it)
+  local reply = finish({1, granted, expiry, now, limit, 0}, list)
+  -- a start that used up the rate's room: the next heads learn when their window opens (see
+  -- name_heads())
+  if blocked and waiting > 0 then name_heads(list, ticket, reply) end
+  return reply
 end
 
 if place_ttl > 0 then
   redis.call('ZADD', K_EXP, now + place_ttl, 'w:' .. ticket)
-  return finish({5, position(ticket, info), epoch, now, limit}, list)
+  return finish({5, position(ticket, info), epoch, now, limit, rate_wait(weight)}, list)
 end
 drop_waiter(ticket, info)
 -- Leaving the line (a ticket that had a place and now asks not to keep it) can hand the units
 -- it stood in front of to those behind it: work out who is entitled again.
-return finish({7, 0, 0, now, limit})
+return finish({7, 0, 0, now, limit, 0})

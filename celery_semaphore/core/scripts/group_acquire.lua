@@ -3,7 +3,9 @@
 -- two waiters of one partition stand in the same order in every line they share).  It is
 -- granted when the free units of every member are its (see entitled() in _lib.lua).
 --
--- KEYS: three per member (see _lib.lua), member i at KEYS[3i-2 .. 3i], in the group's order.
+-- KEYS: four per member (see _lib.lua), member i at KEYS[4i-3 .. 4i], in the group's order.
+-- A member with a rate stored (by a Semaphore with rate=) counts this grant as a start, and
+-- grants only when the rate has room (entitled() checks it); this script stores no rate.
 -- ARGV[1]  ticket
 -- ARGV[2]  numbers    seven integers: lease_ms place_ttl_ms wake_grace_ms epoch check_done
 --                     (check_done as in acquire.lua: 1 reports a tombstone as done and drops
@@ -32,7 +34,8 @@ if not (lease_ms and place_ttl and grace and epoch and part_weight and aging) th
 end
 local forget = check_done == '2'
 check_done = check_done == '1'
-local m = #KEYS / 3
+name_rate_heads = false  -- as in acquire.lua
+local m = #KEYS / 4
 local spec = {}
 for value in string.gmatch(ARGV[7], '%S+') do spec[#spec + 1] = value end
 if #spec ~= 3 * m then

@@ -1,7 +1,7 @@
 -- group_refresh: extend the lease of `token` in every member semaphore of a group (or the
 -- life of its places), or withdraw its places; and name the waiters to wake.
 --
--- KEYS: three per member (see group_acquire.lua).
+-- KEYS: four per member (see group_acquire.lua).
 -- ARGV[1] token
 -- ARGV[2] numbers   five values: mode ('r' refresh, 'w' withdraw) lease_ms place_ttl_ms
 --                   wake_grace_ms aging_ms
@@ -21,7 +21,7 @@ lease_ms, place_ms, grace, aging = tonumber(lease_ms), tonumber(place_ms), tonum
 if not (lease_ms and place_ms and grace and aging) then
   return redis.error_reply('ERR group_refresh: ARGV[2] is not five values: ' .. ARGV[2])
 end
-local m = #KEYS / 3
+local m = #KEYS / 4
 local limits = {}
 for value in string.gmatch(ARGV[3], '%S+') do limits[#limits + 1] = tonumber(value) end
 

@@ -1,7 +1,7 @@
 -- group_release: release the permit `token` holds in every member semaphore of a group, and
 -- name the waiters the freed units now belong to, in every member.
 --
--- KEYS: three per member (see group_acquire.lua).
+-- KEYS: four per member (see group_acquire.lua).
 -- ARGV[1] token
 -- ARGV[2] numbers   four integers: tombstone_ms wake_grace_ms aging_ms timed (as in release.lua)
 -- ARGV[3] claim     as in release.lua
@@ -16,7 +16,7 @@ if not (tomb_ms and grace and aging) then
   return redis.error_reply('ERR group_release: ARGV[2] is not four numbers: ' .. ARGV[2])
 end
 timed = timed == '1'
-local m = #KEYS / 3
+local m = #KEYS / 4
 local limits = {}
 for value in string.gmatch(ARGV[4], '%S+') do limits[#limits + 1] = tonumber(value) end
 

@@ -1,6 +1,6 @@
 -- inspect: a read-only snapshot of one semaphore (expired entries are left out, not removed).
 --
--- KEYS[1..3]: see _lib.lua.
+-- KEYS[1..4]: see _lib.lua.
 -- ARGV: none.
 --
 -- Returns {now ms, used, limit_override or '', holder count, waiter count, partition count,
@@ -13,7 +13,10 @@
 --                   partition, position in the partition, arrival number
 --                   (repeated, by partition, FIFO within one),
 --          partitions: name, used, waiters, cap (-1: none), weight
---                   (repeated, by name; those with live holders or waiters)}.
+--                   (repeated, by name; those with live holders or waiters),
+--          rate window count,
+--          rate windows: count, period ms, weight started in the window, ms until it has
+--                   room for one more start (0: now) (repeated, as stored: by period)}.
 -- `used` counts only live holders.  Read-only, so it needs no care about the order of reads.
 -- Cost: one pass over the state hash (live holders, waiters and partitions only; tombstones are
 -- not there).
@@ -39,6 +42,8 @@ for i = 1, #state, 2 do
     hold_avg = state[i + 1]
   elseif field == 'reclaimed' then
     reclaimed_total = tonumber(state[i + 1]) or 0
+  elseif field == 'rate' then
+    rate = parse_rate(state[i + 1])
   end
 end
 
@@ -139,4 +144,21 @@ local reply = {now, live_used, override, #holders / 7, #waiters / 9, #partitions
 for _, v in ipairs(holders) do reply[#reply + 1] = v end
 for _, v in ipairs(waiters) do reply[#reply + 1] = v end
 for _, v in ipairs(partitions) do reply[#reply + 1] = v end
+if rate then
+  local last = redis.call('ZRANGE', K_RATE, -1, -1)
+  rate_total = last[1] and tonumber(string.match(last[1], '^(%d+)')) or 0
+  reply[#reply + 1] = #rate.windows
+  for _, win in ipairs(rate.windows) do
+    local one = {windows = {win}, max_p = win[2], min_n = win[1]}
+    local all = rate
+    rate = one
+    reply[#reply + 1] = win[1]
+    reply[#reply + 1] = win[2]
+    reply[#reply + 1] = rate_used(win[2])
+    reply[#reply + 1] = rate_wait(1)
+    rate = all
+  end
+else
+  reply[#reply + 1] = 0
+end
 return reply

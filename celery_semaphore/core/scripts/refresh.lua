@@ -1,6 +1,6 @@
 -- refresh: extend a holder's lease, or keep a waiter's place alive.
 --
--- KEYS[1..3]: see _lib.lua.
+-- KEYS[1..4]: see _lib.lua.
 -- ARGV[1] token
 -- ARGV[2] lease_ms      new lease length, from now, for a holder
 -- ARGV[3] place_ttl_ms  new place lifetime, from now, for a waiter

@@ -2,7 +2,7 @@
 -- freed units now belong to.  Idempotent: a re-sent call finds the tombstone and reports the
 -- release it already made.
 --
--- KEYS[1..3]: see _lib.lua.
+-- KEYS[1..4]: see _lib.lua.
 -- ARGV[1] token
 -- ARGV[2] numbers        six integers, space-separated (one argument: fewer to send):
 --           limit          the caller's limit (a runtime limit_override in state wins)

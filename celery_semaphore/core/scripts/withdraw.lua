@@ -1,7 +1,7 @@
 -- withdraw: leave the line (a waiter that gives up), and name the waiters that the units it
 -- had reserved now belong to.
 --
--- KEYS[1..3]: see _lib.lua.
+-- KEYS[1..4]: see _lib.lua.
 -- ARGV[1] ticket
 -- ARGV[2] limit          the caller's limit (a runtime limit_override in state wins)
 -- ARGV[3] wake_grace_ms  see acquire.lua
