@@ -1,0 +1,371 @@
+"""Rate windows (``Semaphore(rate=...)``): a start (grant) is admitted only when a unit is free
+and every window has room, in the same script; a release gives no start back; a grant of weight
+w is w starts; a waiter held by the rate keeps its FIFO place and wakes by itself when its
+window opens.
+
+Starts are counted independently of the library, by the bodies' own timestamps (the client's
+monotonic clock, which all processes of one host share).  A body's timestamp trails its grant by
+the round trip, so the windows checked are SLACK shorter than the configured period.
+"""
+
+from __future__ import annotations
+
+import itertools
+import multiprocessing
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from celery_semaphore import Rate, Semaphore, SemaphoreGroup
+from celery_semaphore.core.semaphore import HANDOFF_MARK, AttemptStatus
+
+SemaphoreFactory = Callable[..., Semaphore]
+
+#: how much later than its grant a body may take its timestamp (round trip, scheduling)
+SLACK = 0.08
+
+
+def most_in_window(stamps: list[float], period: float) -> int:
+    """The most timestamps in any window [t, t + period)."""
+    stamps = sorted(stamps)
+    most, j = 0, 0
+    for i, t in enumerate(stamps):
+        while stamps[j] <= t - period:
+            j += 1
+        most = max(most, i - j + 1)
+    return most
+
+
+# -- across processes ------------------------------------------------------------------------
+
+PROCESSES = 4
+RATE = Rate(10, 0.5)
+RUN_FOR = 2.5  # seconds each process keeps starting
+
+
+def _starter(url: str, prefix: str, out: Any) -> None:
+    sem = Semaphore("rated", 100, redis=url, key_prefix=prefix, rate=RATE, lease_ttl=30.0)
+    stamps: list[float] = []
+    end = time.monotonic() + RUN_FOR
+    try:
+        for _ in range(1000):  # bounded: RATE admits about 50 in RUN_FOR across all processes
+            remaining = end - time.monotonic()
+            if remaining <= 0:
+                break
+            permit = sem.acquire(timeout=remaining)
+            if permit is None:
+                break
+            stamps.append(time.monotonic())  # the body starts
+            permit.release()
+        out.put(("ok", stamps))
+    except Exception as exc:  # reported to the test
+        out.put(("error", repr(exc)))
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(60)
+def test_processes_never_start_more_than_the_rate_in_any_window(
+    redis_url: str, key_prefix: str
+) -> None:
+    ctx = multiprocessing.get_context("spawn")
+    out = ctx.Queue()
+    procs = [
+        ctx.Process(target=_starter, args=(redis_url, key_prefix, out), daemon=True)
+        for _ in range(PROCESSES)
+    ]
+    for p in procs:
+        p.start()
+    results = [out.get(timeout=40) for _ in procs]
+    for p in procs:
+        p.join(timeout=10)
+    errors = [r for kind, r in results if kind == "error"]
+    assert not errors, errors
+    stamps = [t for _, got in results for t in got]
+    # the rate was the constraint the whole time: about RATE.count per period, never more
+    assert most_in_window(stamps, RATE.period_seconds - SLACK) <= RATE.count
+    expected = RUN_FOR / RATE.period_seconds * RATE.count
+    assert 0.6 * expected <= len(stamps) <= expected + RATE.count, len(stamps)
+    assert sum(1 for got in results if got[1]) >= 2  # several processes started bodies
+
+
+# -- units and rate together; two windows --------------------------------------------------
+
+
+def _run_threads(
+    sem: Semaphore, threads: int, run_for: float, hold: float
+) -> tuple[list[float], int]:
+    """Threads that acquire, hold, release until run_for passes; body start stamps, peak."""
+    lock = threading.Lock()
+    stamps: list[float] = []
+    current, peak = [0], [0]
+    errors: list[BaseException] = []
+    end = time.monotonic() + run_for
+
+    def body() -> None:
+        try:
+            for _ in range(1000):
+                remaining = end - time.monotonic()
+                if remaining <= 0:
+                    return
+                permit = sem.acquire(timeout=remaining)
+                if permit is None:
+                    return
+                with lock:
+                    stamps.append(time.monotonic())
+                    current[0] += 1
+                    peak[0] = max(peak[0], current[0])
+                time.sleep(hold)  # the work itself
+                with lock:
+                    current[0] -= 1
+                permit.release()
+        except BaseException as exc:
+            errors.append(exc)
+
+    pool = [threading.Thread(target=body, daemon=True) for _ in range(threads)]
+    for t in pool:
+        t.start()
+    for t in pool:
+        t.join(timeout=run_for + 10)
+    assert not any(t.is_alive() for t in pool)
+    assert not errors, errors
+    return stamps, peak[0]
+
+
+@pytest.mark.timeout(30)
+def test_a_concurrency_limit_and_a_rate_hold_together(make_semaphore: SemaphoreFactory) -> None:
+    rate = Rate(5, 1.0)
+    sem = make_semaphore("both", 2, rate=rate, lease_ttl=30.0)
+    # holding 0.3 s, 2 units allow about 6.7 starts/s: the units bind in bursts, the rate
+    # (5/s) over time
+    stamps, peak = _run_threads(sem, threads=5, run_for=2.2, hold=0.3)
+    assert peak == 2
+    assert most_in_window(stamps, rate.period_seconds - SLACK) <= rate.count
+    assert len(stamps) >= 8
+
+
+@pytest.mark.timeout(30)
+def test_two_windows_hold_together(make_semaphore: SemaphoreFactory) -> None:
+    short, long = Rate(3, 0.3), Rate(5, 1.0)
+    sem = make_semaphore("two", 50, rate=[long, short], lease_ttl=30.0)
+    assert sem.rates == (short, long)  # sorted by period
+    stamps, _ = _run_threads(sem, threads=3, run_for=2.2, hold=0.0)
+    assert most_in_window(stamps, short.period_seconds - SLACK) <= short.count
+    assert most_in_window(stamps, long.period_seconds - SLACK) <= long.count
+    # each window was the constraint at some point: a burst of 3, then 5 within a second
+    assert most_in_window(stamps, short.period_seconds - SLACK) == short.count
+    assert most_in_window(stamps, long.period_seconds - SLACK) == long.count
+    assert 8 <= len(stamps) <= 15
+
+
+# -- fairness and wake-ups -------------------------------------------------------------------
+
+
+@pytest.mark.timeout(30)
+def test_fifo_is_kept_when_the_rate_is_the_constraint_and_nobody_polls(
+    make_semaphore: SemaphoreFactory,
+) -> None:
+    period = 0.3
+    # poll_interval 30 s: only the window opening (and the start before) can wake a waiter;
+    # nobody releases before the end, and units are plenty: the rate is the only constraint
+    sem = make_semaphore("fifo", 10, rate=Rate(1, period), poll_interval=30.0, lease_ttl=30.0)
+    first = sem.acquire(blocking=False)
+    assert first is not None
+    tickets = ["a", "b", "c"]
+    for position, ticket in enumerate(tickets):  # places in this order
+        attempt = sem.try_acquire(ticket, place_ttl=30.0)
+        assert attempt.status is AttemptStatus.WAITING
+        assert attempt.position == position
+        assert attempt.rate_retry_after is not None
+        assert 0 < attempt.rate_retry_after <= period
+    order: list[tuple[str, float]] = []
+    permits = []
+    lock = threading.Lock()
+    started = time.monotonic()
+
+    def waiter(ticket: str) -> None:
+        permit = sem.acquire(ticket=ticket, timeout=10)
+        assert permit is not None
+        with lock:
+            order.append((ticket, time.monotonic() - started))
+            permits.append(permit)
+
+    # the threads start in reverse order: the places decide, not who calls first
+    pool = [threading.Thread(target=waiter, args=(t,), daemon=True) for t in reversed(tickets)]
+    for t in pool:
+        t.start()
+    late = threading.Thread(target=waiter, args=("late",), daemon=True)
+    late.start()  # a newcomer after them waits behind them
+    for t in [*pool, late]:
+        t.join(timeout=15)
+    for permit in [first, *permits]:
+        permit.release()
+    assert [ticket for ticket, _ in order] == [*tickets, "late"]
+    # one start per window, each soon after its window opened (no poll came in 30 s)
+    times = [at for _, at in order]
+    assert times[-1] < 4 * period + 0.6, order
+    for a, b in itertools.pairwise(times):
+        assert b - a >= period - SLACK, order
+
+
+@pytest.mark.timeout(20)
+def test_a_waiter_wakes_when_the_window_opens_without_any_release(
+    make_semaphore: SemaphoreFactory,
+) -> None:
+    period = 0.4
+    sem = make_semaphore("wake", 5, rate=Rate(1, period), poll_interval=30.0)
+    held = sem.acquire(blocking=False)  # the only start of this window; it is never released
+    assert held is not None
+    started = time.monotonic()
+    permit = sem.acquire(timeout=5)
+    waited = time.monotonic() - started
+    assert permit is not None
+    assert period - SLACK <= waited <= period + 0.3, waited
+
+
+# -- weight, releases, snapshot ----------------------------------------------------------------
+
+
+def test_a_start_of_weight_w_is_w_starts_and_a_release_gives_none_back(
+    make_semaphore: SemaphoreFactory,
+) -> None:
+    sem = make_semaphore("weights", 10, rate="5/m")
+    three = sem.acquire(weight=3, blocking=False)
+    two = sem.acquire(weight=2, blocking=False)
+    assert three is not None
+    assert two is not None
+    assert sem.acquire(weight=1, blocking=False) is None  # 3 + 2 = 5 starts: the window is full
+    three.release()
+    two.release()
+    assert sem.acquire(weight=1, blocking=False) is None  # releases gave no start back
+    attempt = sem.try_acquire("w", place_ttl=10.0)
+    assert attempt.status is AttemptStatus.WAITING
+    assert attempt.rate_retry_after is not None
+    assert 55 < attempt.rate_retry_after <= 60
+    snap = sem.inspect()
+    [window] = snap.rates
+    assert window.rate == Rate(5, 60.0)
+    assert (window.started, window.available) == (5, 0)
+    assert 55 < window.opens_in <= 60
+    assert snap.used == 0  # units are free: the rate is what holds the waiter
+    with pytest.raises(ValueError, match=r"weight=6 .* rate=\['5/m'\].*use a weight from 1 to 5"):
+        sem.acquire(weight=6, blocking=False)
+
+
+def test_without_a_rate_nothing_changes_and_the_last_acquirer_sets_the_rate(
+    make_semaphore: SemaphoreFactory, redis_client: Any
+) -> None:
+    plain = make_semaphore("plain", 2)
+    rated = make_semaphore("plain", 2, rate="1/h")
+    assert plain.inspect().rates == []
+    permit = rated.acquire(blocking=False)
+    assert permit is not None
+    assert [w.started for w in plain.inspect().rates] == [1]
+    assert rated.acquire(blocking=False) is None  # the rate holds, with a unit free
+    other = plain.acquire(blocking=False)  # an acquire without rate= clears the stored rate
+    assert other is not None
+    assert plain.inspect().rates == []
+    assert redis_client.hget(plain.keys.state, "rate") is None
+
+
+def test_a_handoff_is_a_start_and_respects_the_rate(make_semaphore: SemaphoreFactory) -> None:
+    handoffs: list[str] = []
+    wakes: list[str] = []
+    sem = make_semaphore(
+        "handoff",
+        2,
+        rate=Rate(3, 30.0),
+        lease_ttl=30.0,
+        on_wake=lambda ticket, data: wakes.append(ticket),
+        on_handoff=lambda ticket, data, fence, expires, claim: handoffs.append(ticket),
+    )
+    heavy = sem.try_acquire("h", weight=2)  # both units, and 2 of the window's 3 starts
+    assert heavy.permit is not None
+    gate = "@gate" + HANDOFF_MARK
+    for ticket in ("w1", "w2"):
+        claim = "claim-" + ticket
+        attempt = sem.try_acquire(
+            ticket, place_ttl=30.0, claim=claim, wake_data=gate, owner={"claim": claim}
+        )
+        assert attempt.status is AttemptStatus.WAITING
+    heavy.permit.release()  # frees 2 units, but the window has room for 1 start only
+    assert handoffs == ["w1"]  # granted in the release, as a start
+    assert wakes == []
+    assert [w.started for w in sem.inspect().rates] == [3]
+    assert sem.release_token("w1") is True  # a unit is free again; the window is full
+    assert handoffs == ["w1"]
+    assert wakes == []
+    assert [w.ticket for w in sem.waiters()] == ["w2"]
+
+
+def test_a_group_refuses_a_member_with_a_rate(make_semaphore: SemaphoreFactory) -> None:
+    rated = make_semaphore("g-rated", 2, rate="5/s")
+    with pytest.raises(ValueError, match="does not set rates yet"):
+        SemaphoreGroup([(rated, 1)])
+
+
+def test_a_group_grant_counts_against_a_stored_rate(make_semaphore: SemaphoreFactory) -> None:
+    rated = make_semaphore("g-stored", 5, rate="2/h")
+    plain_view = make_semaphore("g-stored", 5)  # the same semaphore, without rate=
+    permit = rated.acquire(blocking=False)  # stores the rate, one start
+    assert permit is not None
+    group = SemaphoreGroup([(plain_view, 1)])
+    first = group.acquire(blocking=False)
+    assert first is not None  # the second start
+    assert group.acquire(blocking=False) is None  # the stored window is full
+    assert [w.started for w in rated.inspect().rates] == [2]
+
+
+# -- validation ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("rate", "error", "match"),
+    [
+        ("", ValueError, r"rate='' is not accepted: use \"N/period\""),
+        ("10", ValueError, r"rate='10' is not accepted: use \"N/period\""),
+        ("10/x", ValueError, r"rate='10/x' is not accepted"),
+        ("1.5/s", ValueError, r"rate='1.5/s' is not accepted"),
+        ("-1/s", ValueError, r"rate='-1/s' is not accepted"),
+        ("0/s", ValueError, r"rate='0/s' is not accepted: the count must be an int from 1"),
+        ("1/0s", ValueError, r"rate='1/0s' is not accepted: the period's multiple must be >= 1"),
+        ("1/2d", ValueError, r"rate='1/2d' is not accepted: it is below one start per day"),
+        ("6/7d", ValueError, r"below one start per day"),
+        ([], ValueError, r"rate=\[\] is not accepted"),
+        (["1/s"] * 9, ValueError, r"use at most 8 windows"),
+        (3.5, TypeError, r"rate=3.5 \(float\) is not accepted"),
+        ([5], TypeError, r"rate=5 \(int\) is not accepted"),
+    ],
+)
+def test_bad_rates_are_refused_naming_the_value(rate: Any, error: type, match: str) -> None:
+    with pytest.raises(error, match=match):
+        Semaphore("v", 1, rate=rate, redis="redis://127.0.0.1:1/0")
+
+
+@pytest.mark.parametrize(
+    ("build", "error", "match"),
+    [
+        (lambda: Rate(0, 1.0), ValueError, r"rate=Rate\(count=0, period_seconds=1.0\) .* count"),
+        (lambda: Rate(-2, 1.0), ValueError, r"count must be an int from 1"),
+        (lambda: Rate(1, 0.0), ValueError, r"period must be a finite number of seconds >= 0.001"),
+        (lambda: Rate(1, -1.0), ValueError, r"period must be a finite number"),
+        (lambda: Rate(1, float("inf")), ValueError, r"period must be a finite number"),
+        (lambda: Rate(1, 2 * 86400.0), ValueError, r"below one start per day"),
+        (lambda: Rate(1.5, 1.0), TypeError, r"count must be an int >= 1, got float"),  # type: ignore[arg-type]
+        (lambda: Rate(1, "1s"), TypeError, r"period must be a number of seconds"),  # type: ignore[arg-type]
+    ],
+)
+def test_bad_rate_objects_are_refused(build: Callable[[], Rate], error: type, match: str) -> None:
+    with pytest.raises(error, match=match):
+        build()
+
+
+def test_good_rates_parse() -> None:
+    sem = Semaphore(
+        "v", 1, rate=["1/d", "100/s", "5/10s", Rate(7, 0.25)], redis="redis://127.0.0.1:1/0"
+    )
+    assert [str(r) for r in sem.rates] == ["7/0.25s", "100/s", "5/10s", "1/d"]
+    assert sem.rates[0] == Rate(7, 0.25)
+    assert Semaphore("v", 1, redis="redis://127.0.0.1:1/0").rates == ()
