@@ -145,6 +145,13 @@ class SemaphoreGroup:
                     f"{item!r}"
                 )
             sem, weight = item
+            if sem.rates:
+                raise ValueError(
+                    f"members are not accepted: semaphore {sem.name!r} has rate="
+                    f"{[str(r) for r in sem.rates]}; a SemaphoreGroup does not set rates yet "
+                    "(a rate stored by the semaphore's own acquires still counts the group's "
+                    "grants): use the semaphore without a group, or without rate="
+                )
             checked.append((sem, _validate.positive_int("weight", weight, maximum=sem.limit)))
         if not checked:
             raise ValueError("members=[] is not accepted: a group needs at least one semaphore")
