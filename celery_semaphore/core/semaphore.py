@@ -29,7 +29,7 @@ import json
 import os
 import socket
 import threading
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from enum import IntEnum
@@ -384,7 +384,7 @@ class Semaphore:
         aging: float = DEFAULT_AGING,
         hash_tag: str | None = None,
         on_handoff: HandoffHandler | None = None,
-        rate: str | Rate | list[str | Rate] | tuple[str | Rate, ...] | None = None,
+        rate: str | Rate | Sequence[str | Rate] | None = None,
     ) -> None:
         self.name = _validate.name("name", name)
         self.limit = _validate.positive_int("limit", limit)

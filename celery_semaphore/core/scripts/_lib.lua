@@ -533,6 +533,7 @@ end
 local function entitled(limit, aging)
   local out = {}
   local free = limit - used
+  rate_blocked = false
   if waiting <= 0 or free <= 0 then return out end
   -- with a rate, a second budget: the weight that may start now (see rate_budget())
   local rate_free = rate and rate_budget() or math.huge
