@@ -210,6 +210,46 @@ def test_fifo_is_kept_when_the_rate_is_the_constraint_and_nobody_polls(
         assert b - a >= period - SLACK, order
 
 
+@pytest.mark.timeout(30)
+def test_partitions_keep_fifo_and_shares_when_the_rate_is_the_constraint(
+    make_semaphore: SemaphoreFactory,
+) -> None:
+    period = 0.25
+    sem = make_semaphore("parts", 10, rate=Rate(1, period), poll_interval=30.0, lease_ttl=30.0)
+    first = sem.acquire(blocking=False)
+    assert first is not None
+    # all of A's waiters arrive before B's; nobody releases (units are plenty)
+    places = [("a1", "A"), ("a2", "A"), ("a3", "A"), ("b1", "B"), ("b2", "B"), ("b3", "B")]
+    for ticket, part in places:
+        attempt = sem.try_acquire(ticket, place_ttl=30.0, partition=part)
+        assert attempt.status is AttemptStatus.WAITING
+    order: list[str] = []
+    permits = []
+    lock = threading.Lock()
+
+    def waiter(ticket: str, part: str) -> None:
+        permit = sem.acquire(ticket=ticket, timeout=10, partition=part)
+        assert permit is not None
+        with lock:
+            order.append(ticket)
+            permits.append(permit)
+            last[0] = time.monotonic() - started
+
+    last = [0.0]
+    started = time.monotonic()
+    pool = [threading.Thread(target=waiter, args=p, daemon=True) for p in reversed(places)]
+    for t in pool:
+        t.start()
+    for t in pool:
+        t.join(timeout=15)
+    for permit in [first, *permits]:
+        permit.release()
+    # FIFO within each partition; the next start goes to the partition holding the fewest
+    # units, so B is not starved behind A's earlier arrivals
+    assert order == ["a1", "b1", "a2", "b2", "a3", "b3"]
+    assert last[0] < 6 * period + 0.6  # each start soon after its window opened (no polls)
+
+
 @pytest.mark.timeout(20)
 def test_a_waiter_wakes_when_the_window_opens_without_any_release(
     make_semaphore: SemaphoreFactory,
