@@ -122,6 +122,29 @@ def test_every_operation_works_on_semaphores_spread_over_the_nodes(
     assert len(_nodes_with_keys(cluster, prefix)) == 3, "the names should cover all 3 masters"
 
 
+def test_rates_work_on_semaphores_spread_over_the_nodes(
+    client: Any, cluster: Cluster, prefix: str
+) -> None:
+    # the starts key (KEYS[4]) shares the semaphore's slot: every script runs on every master
+    names = [f"rated-{i}" for i in range(12)]
+    for name in names:
+        sem = Semaphore(name, 5, redis=client, key_prefix=prefix, rate=["2/h", "3/d"])
+        first = sem.acquire(blocking=False)
+        second = sem.acquire(blocking=False)
+        assert first is not None
+        assert second is not None
+        assert sem.acquire(blocking=False) is None  # units free, the hour's window full
+        waiting = sem.try_acquire("w", place_ttl=5)
+        assert waiting.status is AttemptStatus.WAITING
+        assert waiting.rate_retry_after is not None
+        assert 3500 < waiting.rate_retry_after <= 3600
+        assert first.release() is True
+        assert second.release() is True
+        assert [(w.rate.count, w.started) for w in sem.inspect().rates] == [(2, 2), (3, 2)]
+        assert sem.withdraw("w") is True
+    assert len(_nodes_with_keys(cluster, prefix)) == 3, "the names should cover all 3 masters"
+
+
 def test_expired_lease_is_reclaimed(client: Any, prefix: str) -> None:
     sem = Semaphore("lease", 1, redis=client, key_prefix=prefix, lease_ttl=0.3)
     permit = sem.acquire(blocking=False)
