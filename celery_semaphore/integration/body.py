@@ -83,6 +83,8 @@ from .spec import LimitSpec
 
 __all__ = ["checkpoint", "current_permits", "release_with_retry", "run_limited"]
 
+#: seconds a parked waiter held by a rate window comes back after the window opens
+PARK_RATE_SLACK = 0.05
 #: seconds a parked waiter's place outlives its countdown, to cover broker delivery delays
 PLACE_SLACK = 30.0
 #: a parked waiter is re-woken (another copy published) at most this often
@@ -150,7 +152,8 @@ def run_limited(
                 name=target.name,
                 template=target.template,
                 task=task.name,
-                limit=target.member.limit,
+                # a limit per key: this name's (in code, or semaphore_limits over it)
+                limit=target.member.limit if target.member.limit_by is None else target.limit,
                 weight=target.weight,
             )
     owner = host_owner(request.id, task.name, str(request.hostname or ""))
@@ -558,6 +561,9 @@ def _park(
             if attempt.status is not AttemptStatus.WAITING:
                 return attempt
             position = attempt.position
+            if attempt.rate_retry_after is not None:
+                # held by a rate window: nobody releases when it opens, so come back then
+                countdown = min(countdown, attempt.rate_retry_after + PARK_RATE_SLACK)
     else:
         position = None
     sig.apply_async(countdown=countdown)

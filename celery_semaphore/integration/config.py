@@ -360,7 +360,7 @@ def _limits(param: str, value: object) -> dict[str, int] | None:
 
 
 #: options of ``@limited`` that are not app settings (see :mod:`.spec`)
-SPEC_OPTIONS = ("weight", "partition", "queue_limits", "queue_weights")
+SPEC_OPTIONS = ("weight", "rate", "partition", "queue_limits", "queue_weights")
 
 #: the largest partition weight the core accepts
 MAX_PARTITION_WEIGHT = _validate.MAX_PARTITION_WEIGHT

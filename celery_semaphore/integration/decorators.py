@@ -36,14 +36,21 @@ _F = TypeVar("_F", bound=Callable[..., Any])
 
 def limited(
     name: str | Callable[..., str] | Sequence[str | Callable[..., str]],
-    limit: int | Mapping[Any, int],
+    limit: int | Mapping[Any, Any] | Callable[[Mapping[str, Any]], int],
     **options: Any,
 ) -> Callable[[_F], _F]:
     """Limit the decorated task to ``limit`` concurrent bodies (``weight`` units each) of the
     semaphore ``name``.  ``options`` are task options from the settings table
-    (:mod:`.config`) plus ``weight``, ``partition``, ``queue_limits`` and
+    (:mod:`.config`) plus ``weight``, ``rate``, ``partition``, ``queue_limits`` and
     ``queue_weights``; unknown or invalid ones raise when the function is decorated (at
     import time), naming the task function, the semaphore, the option and its value.
+
+    ``rate`` (``"100/s"``, ``["60/m", "1000/h"]``, :class:`~celery_semaphore.Rate`): at most
+    so many starts per period as well, admitted with the units in one step.
+
+    For a name template (``"llm:{customer_id}"``), ``limit`` and ``rate`` may be per key: a
+    callable of the call's bound arguments, or a table by concrete name with glob patterns
+    and a ``"*"`` default (:mod:`~celery_semaphore.integration.bykey`).
 
     ``name`` may be a list: the task takes every one of those semaphores at once, all or
     nothing (``limit`` is then one int for all, or a dict name -> limit); so does a task with

@@ -153,6 +153,9 @@ class _Entry:
     granted_at: float = 0.0
     #: the hub handed it to the pool (or is doing so in this very call)
     dispatched: bool = False
+    #: when a rate window (or a throttle pause) lets it start: tried again then, since no
+    #: release wakes it (0: not waiting for time)
+    retry_at: float = 0.0
 
     @property
     def ticket(self) -> str:
@@ -189,6 +192,8 @@ class Gate:
         #: ticket -> (entry, when) of held tasks that left without a grant (see LEFT_TTL)
         self._left: dict[str, tuple[_Entry, float]] = {}
         self._pending: dict[str, _Entry] = {}  # ticket -> dispatched, not started yet
+        #: ticket -> held entry waiting for a time (its ``retry_at``), not for a release
+        self._timed: dict[str, _Entry] = {}
         self._counted = 0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -265,6 +270,7 @@ class Gate:
             ]
             held = list(self._held.values())
             self._held.clear()
+            self._timed.clear()
             undispatched = [e for e in self._pending.values() if not e.dispatched]
             for entry in stranded + held + undispatched:
                 entry.delivery.move(Stage.GIVEN_BACK)
@@ -411,6 +417,8 @@ class Gate:
                 if stopped:
                     pass
                 elif status is None:  # still waiting
+                    if entry.retry_at:
+                        self._timed[entry.ticket] = entry
                     if entry.stage is Stage.RECEIVED:
                         entry.delivery.move(Stage.HELD)
                     if first and not entry.counted and self._counted < self.hold:
@@ -436,6 +444,7 @@ class Gate:
         (``granted``) or with its place and claim (``slot``: the body acquires under the same
         claim, so a grant a release hands off to the place meanwhile is the body's)."""
         self._held.pop(entry.ticket, None)
+        self._timed.pop(entry.ticket, None)
         if entry.counted:
             entry.counted = False
             self._counted -= 1
@@ -590,6 +599,8 @@ class Gate:
             return "granted"
         if attempt.status is AttemptStatus.WAITING:
             entry.position = attempt.position
+            after = attempt.rate_retry_after
+            entry.retry_at = 0.0 if after is None else clock.monotonic() + after
             return None
         return "slot"
 
@@ -786,7 +797,8 @@ class Gate:
             try:
                 if client is None:
                     client = self._client()
-                wait = max(0.05, min(TICK, next_tick - clock.monotonic()))
+                now = clock.monotonic()
+                wait = max(0.01, min(TICK, next_tick - now, self._next_retry() - now))
                 items = self._take_wakes(client, wait)
                 self.outage.ok()
             except Exception as exc:
@@ -802,12 +814,29 @@ class Gate:
                         self.handed(found.ticket, found.fence, found.expires_at, found.claim)
                     elif isinstance(found, wakes.Wake):
                         self.wake(found.ticket)
+                self._retry_due()
                 if clock.monotonic() >= next_tick:
                     self._tick()
                     next_tick = clock.monotonic() + TICK
             except Exception as exc:  # never let the gate die: held tasks depend on it
                 self._carry_on(exc)
                 self._stop.wait(0.5)
+
+    def _next_retry(self) -> float:
+        """When the first held task waiting for a time (a rate window) is due."""
+        with self._lock:
+            return min((e.retry_at for e in self._timed.values()), default=float("inf"))
+
+    def _retry_due(self) -> None:
+        """Try again the held tasks whose time came: no release wakes a task held by a rate
+        window, so the gate does when the window opens (the script said when)."""
+        now = clock.monotonic()
+        with self._lock:
+            due = [e for e in self._timed.values() if e.retry_at <= now]
+            for entry in due:
+                del self._timed[entry.ticket]
+        for entry in due:
+            self.wake(entry.ticket)
 
     def _carry_on(self, exc: Exception) -> None:
         self._failed_at = clock.monotonic()
@@ -993,6 +1022,7 @@ class Gate:
             if entry.busy or self._held.get(entry.ticket) is not entry:
                 return
             del self._held[entry.ticket]
+            self._timed.pop(entry.ticket, None)
             if directive is None:
                 entry.delivery.move(Stage.REVOKED)
             elif directive.do == "timeout":

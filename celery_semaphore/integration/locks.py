@@ -21,6 +21,7 @@ from typing import Any
 from ..core import clock
 from ..core.exceptions import SemaphoreBackendError
 from ..core.group import GroupPermit, SemaphoreGroup
+from ..core.rates import Rate
 from ..core.semaphore import HolderInfo, Permit, Semaphore
 from . import config, events, restart
 from .clients import client_for
@@ -122,13 +123,15 @@ SEMAPHORE_IDLE = 600.0
 SEMAPHORE_CACHE = 1000
 
 
-def semaphore_for(app: Any, name: str, limit: int, lease_ttl: float) -> Semaphore:
+def semaphore_for(
+    app: Any, name: str, limit: int, lease_ttl: float, rates: tuple[Rate, ...] = ()
+) -> Semaphore:
     """The (cached) Semaphore for ``name`` under ``app``'s settings, in this process."""
     conf = app.conf
     url = config.redis_url_for(conf)
     prefix = config.setting(conf, "semaphore_key_prefix", "celery_semaphore")
     hash_tag = config.setting(conf, "semaphore_hash_tag", None)
-    key = (os.getpid(), url, prefix, hash_tag, name, limit, lease_ttl, id(app))
+    key = (os.getpid(), url, prefix, hash_tag, name, limit, lease_ttl, rates, id(app))
     now = clock.monotonic()
     with _cache_lock:
         found = _semaphores.get(key)
@@ -146,6 +149,7 @@ def semaphore_for(app: Any, name: str, limit: int, lease_ttl: float) -> Semaphor
         on_wake=router,
         hash_tag=hash_tag,
         on_handoff=router.handoff,
+        rate=rates or None,
     )
     with _cache_lock:
         sem = _semaphores.setdefault(key, (sem, now))[0]
@@ -173,7 +177,7 @@ _groups: OrderedDict[tuple[Any, ...], GroupLock] = OrderedDict()
 def lock_for(app: Any, plan: Plan, lease_ttl: float) -> Lock:
     """The lock a call takes: its one semaphore, or a group of all of them (cached)."""
     members = tuple(
-        (semaphore_for(app, t.name, t.limit, lease_ttl), t.weight) for t in plan.targets
+        (semaphore_for(app, t.name, t.limit, lease_ttl, t.rates), t.weight) for t in plan.targets
     )
     if len(members) == 1:
         return members[0][0]

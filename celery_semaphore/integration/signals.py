@@ -122,7 +122,7 @@ def _check_one_slot(limited: list[tuple[str, Any]]) -> None:
 
 def _check_member(conf: Any, task_name: str, member: Member) -> None:
     """A static weight must fit the limit and every cap the settings give it."""
-    if not member.static_weight:
+    if not member.static_weight or member.limit_by is not None:
         return  # checked per call
     limit = config.semaphore_limit(conf, member.name, member.limit)
     check_weight(f"task {task_name}", member.name, member.weight, limit, "semaphore_limits")

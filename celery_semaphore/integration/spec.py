@@ -13,7 +13,9 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 from ..core import _validate
+from ..core.rates import Rate, parse_rates
 from . import config
+from .bykey import DEFAULT, KeyTable, PerCall
 from .templates import ArgsFn, Template, parameters
 
 __all__ = [
@@ -22,6 +24,7 @@ __all__ = [
     "Member",
     "PartitionRule",
     "check_cap",
+    "check_rate_weight",
     "check_weight",
     "in_context",
     "where_of",
@@ -47,6 +50,8 @@ class Member:
 
     #: the name, or the name template (``"api:{customer_id}"``), or ``<callable qualname>``
     name: str
+    #: the limit in code; with ``limit_by``, the table's default (``"*"``), or 0 when a
+    #: callable decides it per call
     limit: int
     #: units each run takes (1 when ``weight_fn`` decides per call)
     weight: int = 1
@@ -55,6 +60,11 @@ class Member:
     weight_fn: ArgsFn | None = None
     #: partition name -> cap on the units that partition may hold of this semaphore
     queue_limits: Mapping[str, int] = field(default_factory=dict)
+    #: a limit per key (see :mod:`.bykey`): decided per call, checked then
+    limit_by: PerCall | None = None
+    #: the rate windows in code (``rate=``); with ``rate_by``, decided per call
+    rates: tuple[Rate, ...] = ()
+    rate_by: PerCall | None = None
 
     @property
     def dynamic_name(self) -> bool:
@@ -92,7 +102,12 @@ class LimitSpec:
     def uses_arguments(self) -> bool:
         """Does resolving a call need its arguments?"""
         return (
-            any(m.dynamic_name or not m.static_weight for m in self.members)
+            any(
+                m.dynamic_name
+                or not m.static_weight
+                or any(by is not None and by.uses_arguments for by in (m.limit_by, m.rate_by))
+                for m in self.members
+            )
             or isinstance(self.partition, Template)
             or callable(self.partition)
         )
@@ -116,6 +131,7 @@ class LimitSpec:
     ) -> LimitSpec:
         opts = dict(options)
         weight = opts.pop("weight", 1)
+        rate = opts.pop("rate", None)
         partition = opts.pop("partition", QUEUE)
         queue_limits = opts.pop("queue_limits", None)
         queue_weights = opts.pop("queue_weights", None)
@@ -130,11 +146,13 @@ class LimitSpec:
             raise ValueError(f"{where}: name=[] is not accepted: give at least one semaphore name")
         limits = _per_name("limit", limit, names, where)
         weights = _per_name("weight", weight, names, where)
+        rates = _per_name("rate", rate, names, where)
         members = tuple(
-            _member(n, lim, w, caps, where)
-            for n, lim, w in zip(names, limits, weights, strict=True)
+            _member(n, lim, w, r, caps, where)
+            for n, lim, w, r in zip(names, limits, weights, rates, strict=True)
         )
         _check_distinct(members, where)
+        _check_group_rates(members, where)
         return cls(
             members,
             opts,
@@ -147,6 +165,7 @@ class LimitSpec:
         the semaphores of both at once.  Options given in both must agree."""
         members = self.members + other.members
         _check_distinct(members, where)
+        _check_group_rates(members, where)
         options = dict(self.options)
         for key, value in other.options.items():
             if key in options and options[key] != value:
@@ -189,8 +208,8 @@ def _per_name(param: str, value: object, names: list[object], where: str) -> lis
     """One value for every name, or a dict with an entry per name (several semaphores)."""
     if not isinstance(value, Mapping):
         return [value] * len(names)
-    if len(names) == 1 and not isinstance(names[0], str):
-        return [value]  # let the member's own check say what is wrong
+    if len(names) == 1 and (not isinstance(names[0], str) or _by_key(names[0], value)):
+        return [value]  # a table by key (or the member's own check says what is wrong)
     missing = [n for n in names if n not in value]
     extra = [k for k in value if k not in names]
     if missing or extra:
@@ -200,8 +219,35 @@ def _per_name(param: str, value: object, names: list[object], where: str) -> lis
             + ("; " if missing and extra else "")
             + (f"{', '.join(map(repr, extra))} is not one of the names" if extra else "")
             + f"; give {param}=<int> for every semaphore, or a dict with one entry per name"
+            + (
+                " (a table by key, with a '*' default, is for one name template such as "
+                "'llm:{customer_id}')"
+                if "*" in value
+                else ""
+            )
         )
     return [value[n] for n in names]
+
+
+def _by_key(name: str, value: Mapping[Any, Any]) -> bool:
+    """Is ``value`` a table by key for the one name ``name`` (a template), rather than a dict
+    with an entry per semaphore?"""
+    if list(value) == [name]:
+        return False
+    try:
+        return Template.parse("name", name).dynamic
+    except (TypeError, ValueError):
+        return False
+
+
+def _check_group_rates(members: tuple[Member, ...], where: str) -> None:
+    if len(members) > 1 and any(m.rates or m.rate_by is not None for m in members):
+        raise ValueError(
+            f"{where}: rate= is not accepted on a task that takes several semaphores at once "
+            f"({', '.join(repr(m.name) for m in members)}): their grants are made together, "
+            "and a group does not admit rates yet; put the rate on a task that takes one "
+            "semaphore"
+        )
 
 
 def _check_distinct(members: tuple[Member, ...], where: str) -> None:
@@ -216,18 +262,25 @@ def _check_distinct(members: tuple[Member, ...], where: str) -> None:
 
 
 def _member(
-    name: object, limit: object, weight: object, caps: Mapping[str, int], where: str
+    name: object,
+    limit: object,
+    weight: object,
+    rate: object,
+    caps: Mapping[str, int],
+    where: str,
 ) -> Member:
     template: Template | None = None
     name_fn: ArgsFn | None = None
     if callable(name):
         name_fn = name
-        shown = f"<{getattr(name, '__qualname__', type(name).__name__)}>"
+        shown = f"<{_qualname(name)}>"
     else:
         shown = _validate.name("name", name)
         template = Template.parse("name", shown)
+    dynamic = name_fn is not None or (template is not None and template.dynamic)
     try:
-        checked_limit = _validate.positive_int("limit", limit)
+        checked_limit, limit_by = _per_key("limit", limit, dynamic, _validate.positive_int, 0)
+        rates, rate_by = _per_key("rate", rate, dynamic, parse_rates, ())
         weight_fn: ArgsFn | None = None
         if callable(weight):
             weight_fn, static = weight, 1
@@ -237,10 +290,63 @@ def _member(
         # say which semaphore: a task may take several, each with its own limit and weight
         raise in_context(exc, f"{where}: semaphore {shown!r}: ") from None
     if weight_fn is None:
-        check_weight(where, shown, static, checked_limit, "limit=")
+        if limit_by is None:
+            check_weight(where, shown, static, checked_limit, "limit=")
+        if rate_by is None:
+            check_rate_weight(where, shown, static, rates)
         for part, cap in caps.items():
             check_cap(where, shown, static, part, cap, "queue_limits")
-    return Member(shown, checked_limit, static, template, name_fn, weight_fn, dict(caps))
+    return Member(
+        shown,
+        checked_limit,
+        static,
+        template,
+        name_fn,
+        weight_fn,
+        dict(caps),
+        limit_by,
+        rates,
+        rate_by,
+    )
+
+
+def _qualname(fn: object) -> str:
+    return str(getattr(fn, "__qualname__", type(fn).__name__))
+
+
+def _per_key(
+    param: str,
+    value: object,
+    dynamic: bool,
+    check: Callable[[str, object], Any],
+    default: Any,
+) -> tuple[Any, PerCall | None]:
+    """``value`` checked: (the fixed value, None), or for a limit per key (a callable, or a
+    table for a template name) (its default, the :class:`~.bykey.PerCall`)."""
+    if callable(value) and not isinstance(value, type):
+        return default, PerCall(_qualname(value), fn=value)
+    if not isinstance(value, Mapping):
+        return check(param, value), None
+    if not dynamic:
+        raise TypeError(
+            f"{param}={dict(value)!r} is not accepted for a fixed name: a table by key is for "
+            f"a name template (e.g. 'llm:{{customer_id}}'); give {param} for this name alone"
+        )
+    checked: dict[str, Any] = {}
+    for key, entry in value.items():
+        if not isinstance(key, str) or not key:
+            raise TypeError(
+                f"{param}: the key {key!r} is not accepted: a table by key takes concrete "
+                f"names or glob patterns (e.g. 'llm:acme', 'llm:trial-*'), and '*' as the default"
+            )
+        checked[key] = check(f"{param}[{key!r}]", entry)
+    if DEFAULT not in checked:
+        raise ValueError(
+            f"{param}={dict(value)!r} is not accepted: a table by key needs a default entry "
+            f"'*' (used for every name no other key matches), e.g. {{..., '*': 5}}"
+        )
+    table = KeyTable.build(checked)
+    return checked[DEFAULT], PerCall(repr(table), table=table)
 
 
 def in_context(exc: Exception, prefix: str) -> Exception:
@@ -266,6 +372,18 @@ def check_weight(where: str, name: str, weight: int, limit: int, source: str) ->
         raise ValueError(
             f"{where}: weight={weight} exceeds the limit of semaphore {name!r} ({limit}, from "
             f"{source}); use a weight from 1 to {limit}{fix}"
+        )
+
+
+def check_rate_weight(where: str, name: str, weight: int, rates: tuple[Rate, ...]) -> None:
+    """A run's ``weight`` counts as that many starts in every window: above a window's count
+    it could never start."""
+    smallest = min(rates, key=lambda r: r.count, default=None)
+    if smallest is not None and weight > smallest.count:
+        raise ValueError(
+            f"{where}: weight={weight} exceeds the count of the rate window {smallest} of "
+            f"semaphore {name!r}; a start counts its weight in every window: use a weight from "
+            f"1 to {smallest.count} or a larger rate"
         )
 
 

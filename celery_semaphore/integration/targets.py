@@ -17,8 +17,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..core import _validate
+from ..core.rates import Rate, parse_rates
 from . import config
-from .spec import LimitSpec, Member, _Queue, check_cap, check_weight
+from .bykey import PerCall
+from .spec import LimitSpec, Member, _Queue, check_cap, check_rate_weight, check_weight
 from .templates import Template, call_arguments
 
 __all__ = ["Plan", "Target", "arguments_of", "resolve"]
@@ -34,6 +36,8 @@ class Target:
     weight: int
     #: the most units the call's partition may hold of this semaphore (None: no cap)
     partition_cap: int | None = None
+    #: the rate windows of this semaphore (``rate=``, or the key's)
+    rates: tuple[Rate, ...] = ()
 
     @property
     def template(self) -> str | None:
@@ -52,7 +56,16 @@ class Plan:
         """This plan as a plain value, to travel with the gate's directive to the body (which
         rebuilds it with :meth:`from_wire`, without resolving the call again)."""
         return {
-            "targets": [[t.name, t.limit, t.weight, t.partition_cap] for t in self.targets],
+            "targets": [
+                [
+                    t.name,
+                    t.limit,
+                    t.weight,
+                    t.partition_cap,
+                    [[r.count, r.period_seconds] for r in t.rates],
+                ]
+                for t in self.targets
+            ],
             "partition": self.partition,
             "partition_weight": self.partition_weight,
         }
@@ -65,8 +78,16 @@ class Plan:
         if len(rows) != len(spec.members):
             return None
         targets = tuple(
-            Target(member, str(name), int(limit), int(weight), None if cap is None else int(cap))
-            for member, (name, limit, weight, cap) in zip(spec.members, rows, strict=True)
+            Target(
+                member,
+                str(row[0]),
+                int(row[1]),
+                int(row[2]),
+                None if row[3] is None else int(row[3]),
+                # a plan from before rates had four columns
+                tuple(Rate(int(c), float(p)) for c, p in row[4]) if len(row) > 4 else (),
+            )
+            for member, row in zip(spec.members, rows, strict=True)
         )
         return cls(targets, str(wire["partition"]), int(wire["partition_weight"]))
 
@@ -174,15 +195,47 @@ def _target(
     else:
         name = member.name
     template = member.name if member.dynamic_name else None
-    limit = config.semaphore_limit(conf, name, member.limit, template)
+    code_limit = member.limit
+    if member.limit_by is not None:
+        code_limit = _validate.positive_int(
+            f"task {task.name}: semaphore {name!r}: limit (from {member.limit_by.shown})",
+            member.limit_by.value(arguments, name),
+        )
+    rates = member.rates
+    if member.rate_by is not None:
+        rates = _rates(task, name, member.rate_by, arguments)
+    limit = config.semaphore_limit(conf, name, code_limit, template)
     weight = member.weight
-    where = "semaphore_limits" if limit != member.limit else "limit="
+    where = "semaphore_limits" if limit != code_limit else "limit="
     if member.weight_fn is not None:
         weight = _validate.positive_int(
             f"task {task.name}: weight (from {member.weight_fn!r})", member.weight_fn(arguments)
         )
     check_weight(f"task {task.name}", name, weight, limit, where)
+    check_rate_weight(f"task {task.name}", name, weight, rates)
     names = (name, member.name) if template is not None else (name,)
     cap = config.partition_cap(conf, names, member.queue_limits, partition)
     check_cap(f"task {task.name}", name, weight, partition, cap, "queue_limits")
-    return Target(member, name, limit, weight, cap)
+    return Target(member, name, limit, weight, cap, rates)
+
+
+#: rate values a callable returned, parsed (a few distinct values are the common case)
+_parsed_rates: dict[Any, tuple[Rate, ...]] = {}
+
+
+def _rates(
+    task: Any, name: str, rate_by: PerCall, arguments: Mapping[str, Any]
+) -> tuple[Rate, ...]:
+    """The rate windows one call's key gets (a table's entries were parsed at decoration)."""
+    value = rate_by.value(arguments, name)
+    if rate_by.table is not None:
+        return tuple(value)
+    key = tuple(value) if isinstance(value, list) else value
+    found = _parsed_rates.get(key) if isinstance(key, (str, tuple, Rate)) else None
+    if found is None:
+        found = parse_rates(
+            f"task {task.name}: semaphore {name!r}: rate (from {rate_by.shown})", value
+        )
+        if isinstance(key, (str, tuple, Rate)) and len(_parsed_rates) < 1024:
+            _parsed_rates[key] = found
+    return found
