@@ -419,6 +419,8 @@ class Gate:
                 elif status is None:  # still waiting
                     if entry.retry_at:
                         self._timed[entry.ticket] = entry
+                    else:
+                        self._timed.pop(entry.ticket, None)
                     if entry.stage is Stage.RECEIVED:
                         entry.delivery.move(Stage.HELD)
                     if first and not entry.counted and self._counted < self.hold:
