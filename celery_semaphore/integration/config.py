@@ -20,13 +20,14 @@ from __future__ import annotations
 import difflib
 import threading
 import weakref
-from collections.abc import Callable, Hashable, Mapping
+from collections.abc import Callable, Hashable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
 from ..core import _validate, connection
 from ..core.keys import validate_prefix
+from .patterns import Lookup, check_key
 
 __all__ = [
     "APP_SETTINGS",
@@ -35,10 +36,13 @@ __all__ = [
     "Option",
     "RedisSettings",
     "ResolvedOptions",
+    "configured_limit",
+    "did_you_mean",
     "redis_settings",
     "redis_url_for",
     "resolve",
     "partition_cap",
+    "partition_caps",
     "partition_weight",
     "queue_limits_map",
     "queue_weights_map",
@@ -244,7 +248,8 @@ APP_SETTINGS: dict[str, tuple[Any, Callable[[str, object], Any], str]] = {
     "semaphore_limits": (
         None,
         lambda p, v: _limits(p, v),
-        "Dict of semaphore name -> limit, overriding the limit given in code.",
+        "Dict of semaphore name (or name template, or glob pattern such as 'llm:*') -> "
+        "limit, overriding the limit given in code.",
     ),
     "semaphore_queue_limits": (
         None,
@@ -354,8 +359,7 @@ def _limits(param: str, value: object) -> dict[str, int] | None:
             f"{value!r}"
         )
     return {
-        _validate.name(f"{param} key", k): _validate.positive_int(f"{param}[{k!r}]", v)
-        for k, v in value.items()
+        check_key(param, k): _validate.positive_int(f"{param}[{k!r}]", v) for k, v in value.items()
     }
 
 
@@ -413,45 +417,65 @@ def _per_semaphore(
         )
     out: dict[str, dict[str, int]] = {}
     for name, inner in value.items():
-        _validate.name(f"{param} key", name)
+        check_key(param, name)
         out[name] = check(f"{param}[{name!r}]", inner) or {}
     return out
+
+
+def _queue_limits(conf: Any) -> Lookup[dict[str, int]]:
+    return memo(
+        conf,
+        "queue_limits",
+        lambda: Lookup(
+            _per_semaphore(
+                "semaphore_queue_limits", conf.get("semaphore_queue_limits", None), queue_limits_map
+            )
+        ),
+    )
+
+
+def _queue_weights(conf: Any) -> Lookup[dict[str, int]]:
+    return memo(
+        conf,
+        "queue_weights",
+        lambda: Lookup(
+            _per_semaphore(
+                "semaphore_queue_weights",
+                conf.get("semaphore_queue_weights", None),
+                queue_weights_map,
+            )
+        ),
+    )
 
 
 def partition_cap(
     conf: Any, names: tuple[str, ...], code: Mapping[str, int], partition: str
 ) -> int | None:
     """The cap of ``partition`` on a semaphore: ``semaphore_queue_limits`` under its concrete
-    name, then under its name template (``names``, in that order), then ``queue_limits=``."""
-    table = memo(
-        conf,
-        "queue_limits",
-        lambda: _per_semaphore(
-            "semaphore_queue_limits", conf.get("semaphore_queue_limits", None), queue_limits_map
-        ),
-    )
-    for name in names:
-        caps = (table or {}).get(name)
-        if caps and partition in caps:
+    name, then under its name template (``names``, in that order), then under the most
+    specific matching pattern (see :mod:`.patterns`), then ``queue_limits=``."""
+    for caps in _queue_limits(conf).candidates(names):
+        if partition in caps:
             return caps[partition]
     return code.get(partition)
+
+
+def partition_caps(conf: Any, names: tuple[str, ...], code: Mapping[str, int]) -> dict[str, int]:
+    """Every partition cap of a semaphore: :func:`partition_cap` for each partition named."""
+    out = dict(code)
+    for caps in reversed(list(_queue_limits(conf).candidates(names))):
+        out.update(caps)
+    return out
 
 
 def partition_weight(
     conf: Any, names: tuple[str, ...], code: Mapping[str, int], partition: str
 ) -> int:
     """The share weight of ``partition``: ``semaphore_queue_weights`` under the first of
-    ``names`` that lists it, then ``queue_weights=``, else 1."""
-    table = memo(
-        conf,
-        "queue_weights",
-        lambda: _per_semaphore(
-            "semaphore_queue_weights", conf.get("semaphore_queue_weights", None), queue_weights_map
-        ),
-    )
-    for name in names:
-        weights = (table or {}).get(name)
-        if weights and partition in weights:
+    ``names`` that lists it, then under the most specific matching pattern, then
+    ``queue_weights=``, else 1."""
+    for weights in _queue_weights(conf).candidates(names):
+        if partition in weights:
             return weights[partition]
     return code.get(partition, 1)
 
@@ -522,13 +546,18 @@ def _with_guess(key: str, known: set[str], strip: str) -> str:
     name = key.lower()
     if strip and name.startswith(strip):
         name = name[len(strip) :]
-    close = difflib.get_close_matches(name, sorted(known), n=1, cutoff=0.8)
-    if not close:
+    guess = did_you_mean(name, known, cutoff=0.8)
+    if guess is None:
         return key
-    guess = close[0]
     if key != key.lower():  # keep the spelling of the namespace (CELERY_SEMAPHORE_...)
         guess = (key[: len(key) - len(name)] + guess).upper()
     return f"{key} (did you mean {guess}?)"
+
+
+def did_you_mean(word: str, known: Iterable[str], cutoff: float = 0.8) -> str | None:
+    """The one of ``known`` that ``word`` was probably meant to be (a typo), or None."""
+    close = difflib.get_close_matches(word, sorted(set(known)), n=1, cutoff=cutoff)
+    return close[0] if close else None
 
 
 def check_heartbeat(param: str, interval: float | None, lease_param: str, lease: float) -> None:
@@ -579,18 +608,30 @@ def _resolve(conf: Any, task_options: Mapping[str, Any]) -> ResolvedOptions:
     return ResolvedOptions(**values)
 
 
+def _limits_lookup(conf: Any) -> Lookup[int]:
+    return memo(
+        conf,
+        "limits",
+        lambda: Lookup(_limits("semaphore_limits", conf.get("semaphore_limits", None))),
+    )
+
+
+def configured_limit(conf: Any, name: str, template: str | None = None) -> int | None:
+    """The ``semaphore_limits`` entry that applies to ``name``: under the name itself, else
+    under ``template`` (the name template of a dynamic name), else under the most specific
+    matching pattern (see :mod:`.patterns`); None when no key applies."""
+    lookup = _limits_lookup(conf)
+    if not lookup:
+        return None
+    return lookup.first((name,) if template is None else (name, template))
+
+
 def semaphore_limit(conf: Any, name: str, code_limit: int, template: str | None = None) -> int:
     """``semaphore_limits[name]`` when configured, else ``semaphore_limits[template]`` (the
-    name template of a dynamic name), else the limit given in code."""
-    limits = (
-        memo(
-            conf, "limits", lambda: _limits("semaphore_limits", conf.get("semaphore_limits", None))
-        )
-        or {}
-    )
-    if name in limits:
-        return limits[name]
-    return limits.get(template, code_limit) if template is not None else code_limit
+    name template of a dynamic name), else the most specific pattern matching either, else
+    the limit given in code."""
+    found = configured_limit(conf, name, template)
+    return code_limit if found is None else found
 
 
 def redis_url_for(conf: Any) -> str:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -26,13 +27,20 @@ from celery.exceptions import TimeLimitExceeded
 from .. import logs
 from ..core import connection
 from ..core.exceptions import SemaphoreError
-from . import children, config, events, targets
+from . import children, config, events, patterns, targets
 from .decorators import spec_of
 from .delivery import handled_here, stamped_claim, ticket_of
 from .locks import lock_for, lock_names
 from .spec import LimitSpec, Member, check_cap, check_weight
 
-__all__ = ["WorkerStartHook", "check_app", "connect", "on_worker_start"]
+__all__ = [
+    "WorkerStartHook",
+    "check_app",
+    "connect",
+    "on_worker_start",
+    "unmatched_keys",
+    "warn_unmatched_keys",
+]
 
 #: ``hook(app, worker)``, run in the worker's main process at ``worker_init``, after the
 #: settings were checked; a TypeError or ValueError it raises stops the worker like an invalid
@@ -71,6 +79,61 @@ def check_app(app: Any) -> list[tuple[str, LimitSpec]]:
     return limited
 
 
+#: the settings keyed by semaphore name (exact, template or pattern)
+PER_SEMAPHORE_SETTINGS = ("semaphore_limits", "semaphore_queue_limits", "semaphore_queue_weights")
+
+
+def unmatched_keys(app: Any, limited: list[tuple[str, LimitSpec]]) -> list[str]:
+    """The keys of the per-semaphore settings that surely name no semaphore of ``limited``
+    (the app's limited tasks, from :func:`check_app`), each as ``"<setting> key <key>"`` with a
+    did-you-mean guess.  A key counts as used when it is a static name or name template of a
+    task, or could name something a template produces (``"llm:*"`` and ``"llm:acme"`` both
+    fit ``"llm:{customer_id}"``); while a task takes a semaphore named by a callable, which can
+    give any name, nothing is reported."""
+    members = [m for _, spec in limited for m in spec.members]
+    if any(m.name_fn is not None for m in members):
+        return []
+    static = sorted({m.name for m in members if not m.dynamic_name})
+    templates = sorted({m.name for m in members if m.dynamic_name})
+    out = []
+    for setting in PER_SEMAPHORE_SETTINGS:
+        table = app.conf.get(setting, None) or {}
+        for key in table:
+            if patterns.could_match(key, static, templates):
+                continue
+            guess = _guess(key, [*static, *templates])
+            hint = f" (did you mean {guess!r}?)" if guess else ""
+            out.append(f"{setting} key {key!r}{hint}")
+    return out
+
+
+def _bare(text: str) -> str:
+    """``text`` without wildcards, character sets and placeholders: what a guess compares."""
+    return re.sub(r"\{[^{}]*\}|\[[^\]]*\]|[*?]", "", text)
+
+
+def _guess(key: str, names: list[str]) -> str | None:
+    """The static name or template ``key`` was probably meant to be (a typo), or None."""
+    bare = {_bare(n): n for n in reversed(names)}  # the first of equal texts wins
+    guess = config.did_you_mean(_bare(key), bare, cutoff=0.6)
+    return bare[guess] if guess is not None else None
+
+
+def warn_unmatched_keys(app: Any, limited: list[tuple[str, LimitSpec]]) -> list[str]:
+    """Log one warning listing :func:`unmatched_keys` (a worker does at start); return them."""
+    keys = unmatched_keys(app, limited)
+    if keys:
+        log_config.warning(
+            "celery-semaphore: %s: no limited task of this worker uses such a semaphore name, "
+            "so these settings apply to nothing here (a misspelt name? a task this worker "
+            "does not import is fine)",
+            "; ".join(keys),
+            semaphore=None,
+            task_id=None,
+        )
+    return keys
+
+
 def _on_worker_init(sender: Any = None, **_: Any) -> None:
     app = getattr(sender, "app", None)
     if app is None:
@@ -94,6 +157,8 @@ def _on_worker_init(sender: Any = None, **_: Any) -> None:
         if _shown(log_config.logger, logging.CRITICAL):
             stop.code = 1
         raise stop from exc
+    if limited:
+        warn_unmatched_keys(app, limited)
     if limited and app.conf.get("semaphore_enabled", True):
         from .consumer import install
 
@@ -126,13 +191,7 @@ def _check_member(conf: Any, task_name: str, member: Member) -> None:
         return  # checked per call
     limit = config.semaphore_limit(conf, member.name, member.limit)
     check_weight(f"task {task_name}", member.name, member.weight, limit, "semaphore_limits")
-    table = config.APP_SETTINGS["semaphore_queue_limits"][1]
-    caps = {**member.queue_limits}
-    caps.update(
-        (table("semaphore_queue_limits", conf.get("semaphore_queue_limits", None)) or {}).get(
-            member.name, {}
-        )
-    )
+    caps = config.partition_caps(conf, (member.name,), member.queue_limits)
     for partition, cap in caps.items():
         check_cap(
             f"task {task_name}",

@@ -257,31 +257,90 @@ def explain(ctx: click.Context, /, task_id: str, name: str | None, as_json: bool
 @click.argument("name")
 @click.argument("limit", type=click.IntRange(min=1), required=False)
 @click.option("--clear", is_flag=True, help="Remove the runtime override.")
+@click.option(
+    "--yes", is_flag=True, help="Do not ask for confirmation when a pattern matches several."
+)
+@click.option("--dry-run", is_flag=True, help="Only print the semaphores a pattern matches.")
 @click.pass_context
 @_handle_errors
-def set_limit(ctx: click.Context, /, name: str, limit: int | None, clear: bool, **_: Any) -> None:
-    """Set a runtime limit for NAME that every worker obeys at once (or --clear it)."""
+def set_limit(
+    ctx: click.Context,
+    /,
+    name: str,
+    limit: int | None,
+    clear: bool,
+    yes: bool,
+    dry_run: bool,
+    **_: Any,
+) -> None:
+    """Set a runtime limit for NAME that every worker obeys at once (or --clear it).
+
+    NAME may be a glob pattern ('llm:*', 'db-?', 'shard-[0-9]'): every known semaphore it
+    matches (as `list` finds them) is changed; when it matches several, it asks first unless
+    --yes."""
     from . import actions
 
     if clear == (limit is not None):
         raise click.UsageError("give either a LIMIT (an int >= 1) or --clear, not both")
     ops = _Ops(ctx)
-    entry = ops.entry(name)
-    sem = ops.semaphore(entry)
-    before, after = actions.set_limit(ops.client, ops.prefix, sem, entry, limit)
-    was = f"was {before['limit']} from {before['source']}"
-    if clear:
-        click.echo(
-            f"semaphore {name!r}: runtime override cleared ({was}); the limit is now "
-            f"{after['limit'] if after['limit'] is not None else 'what each task declares'} "
-            f"from {after['source']}"
+    entries = _matching(ops, name)
+    what = "clear the runtime override of" if clear else f"set the limit to {limit} on"
+    if len(entries) > 1 or entries[0].name != name:
+        shown = ", ".join(repr(e.name) for e in entries)
+        click.echo(f"pattern {name!r} matches {len(entries)} semaphore(s): {shown}")
+    if dry_run:
+        click.echo(f"dry run: would {what} {len(entries)} semaphore(s); nothing changed")
+        return
+    if len(entries) > 1 and not yes:
+        try:
+            confirmed = click.confirm(
+                f"{what.capitalize()} these {len(entries)} semaphores?", default=False
+            )
+        except click.Abort:
+            confirmed = False
+        if not confirmed:
+            _fail("set-limit cancelled (use --yes to skip the question)", EXIT_CANCELLED)
+    for entry in entries:
+        sem = ops.semaphore(entry)
+        before, after = actions.set_limit(ops.client, ops.prefix, sem, entry, limit)
+        was = f"was {before['limit']} from {before['source']}"
+        if clear:
+            click.echo(
+                f"semaphore {entry.name!r}: runtime override cleared ({was}); the limit is now "
+                f"{after['limit'] if after['limit'] is not None else 'what each task declares'} "
+                f"from {after['source']}"
+            )
+        else:
+            click.echo(
+                f"semaphore {entry.name!r}: limit set to {limit} (runtime override; {was}). "
+                f"Every worker obeys it from its next acquire; it stays until "
+                f"`celery semaphore set-limit {entry.name} --clear`."
+            )
+
+
+def _matching(ops: _Ops, name: str) -> list[Any]:
+    """The Known entries ``name`` stands for: the semaphore of that exact name when one is
+    known, else, for a glob pattern, every known semaphore it matches (exit 1 if none)."""
+    import fnmatch
+
+    from ..integration.patterns import is_pattern
+
+    if not is_pattern(name):
+        return [ops.entry(name)]
+    from ..core.keys import SemaphoreKeys
+
+    known = ops.known()
+    if name in known:
+        return [known[name]]
+    if ops.client.exists(SemaphoreKeys.for_name(name, ops.prefix).state):
+        return [ops.entry(name)]
+    matched = [entry for n, entry in known.items() if fnmatch.fnmatchcase(n, name)]
+    if not matched:
+        _fail(
+            f"pattern {name!r} matches no known semaphore under key prefix {ops.prefix!r} "
+            f"({len(known)} known; see `celery semaphore list`); nothing changed"
         )
-    else:
-        click.echo(
-            f"semaphore {name!r}: limit set to {limit} (runtime override; {was}). Every "
-            f"worker obeys it from its next acquire; it stays until "
-            f"`celery semaphore set-limit {name} --clear`."
-        )
+    return matched
 
 
 @semaphore.command(cls=CeleryCommand)

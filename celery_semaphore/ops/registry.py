@@ -87,6 +87,8 @@ class Known:
     recorded_at: float | None = None
     #: where it was found: "app", "registry", "redis"
     found_in: set[str] = field(default_factory=set)
+    #: the name template a dynamic name was made from, as a worker recorded it
+    template: str | None = None
 
     @property
     def code_limits(self) -> list[int]:
@@ -128,12 +130,18 @@ def app_uses(app: Any) -> list[TaskUse]:
 
 
 def app_limits(app: Any) -> dict[str, int]:
-    """``semaphore_limits`` of the app (validated), or an empty dict."""
-    from ..integration.config import APP_SETTINGS
+    """``semaphore_limits`` of the app (validated), or an empty dict; with, for each fixed
+    name of the app's tasks that a pattern key covers, the limit that pattern gives it."""
+    from ..integration.config import APP_SETTINGS, configured_limit
 
     check = APP_SETTINGS["semaphore_limits"][1]
-    limits = check("semaphore_limits", app.conf.get("semaphore_limits", None))
-    return dict(limits or {})
+    limits = dict(check("semaphore_limits", app.conf.get("semaphore_limits", None)) or {})
+    if limits:
+        for use in app_uses(app):
+            found = configured_limit(app.conf, use.semaphore)
+            if found is not None:
+                limits[use.semaphore] = found
+    return limits
 
 
 # -- the registry hash ------------------------------------------------------------------------
@@ -214,6 +222,7 @@ def read(client: Any, prefix: str) -> dict[str, Known]:
                 tasks[str(task)] = (int(use["limit"]), int(use.get("weight") or 1))
         setting = entry.get("setting")
         at = entry.get("at")
+        template = entry.get("template")
         out[name] = Known(
             name,
             tasks,
@@ -221,6 +230,7 @@ def read(client: Any, prefix: str) -> dict[str, Known]:
             str(entry.get("node") or "") or None,
             float(at) if isinstance(at, (int, float)) else None,
             {"registry"},
+            template if isinstance(template, str) and template else None,
         )
     return out
 
@@ -258,12 +268,17 @@ def known(
             entry = out.setdefault(use.semaphore, Known(use.semaphore))
             entry.tasks[use.task] = (use.limit, use.weight)
             entry.found_in.add("app")
-        for name, limit in app_limits(app).items():
-            if name in out:
-                out[name].setting = limit
     if scan:
         for name in discover(client, prefix):
             out.setdefault(name, Known(name)).found_in.add("redis")
+    if app is not None:
+        from ..integration.config import configured_limit
+
+        # semaphore_limits as this app reads it: the exact name, the template, a pattern
+        for name, entry in out.items():
+            limit = configured_limit(app.conf, name, entry.template)
+            if limit is not None:
+                entry.setting = limit
     return dict(sorted(out.items()))
 
 
