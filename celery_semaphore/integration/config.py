@@ -13,6 +13,10 @@ Settings that only exist at app level: ``semaphore_redis_url``, ``semaphore_redi
 ``semaphore_enabled``, ``semaphore_eager_timeout``,
 ``semaphore_worker_hold``, ``semaphore_restart_policy``, ``semaphore_restart_quarantine``,
 ``semaphore_metrics_port``, ``semaphore_metrics_address``, ``semaphore_metrics_page``.
+
+The keys of ``semaphore_limits``, ``semaphore_queue_limits`` and ``semaphore_queue_weights``
+are exact names, name templates or glob patterns (which one wins: see
+``celery_semaphore.integration.patterns``).
 """
 
 from __future__ import annotations
@@ -254,14 +258,16 @@ APP_SETTINGS: dict[str, tuple[Any, Callable[[str, object], Any], str]] = {
     "semaphore_queue_limits": (
         None,
         lambda p, v: _per_semaphore(p, v, queue_limits_map),
-        "Dict of semaphore name -> {partition (queue) name -> cap}: the most units one "
-        "partition may hold; overrides queue_limits= in code, key by key.",
+        "Dict of semaphore name (or name template, or glob pattern) -> {partition (queue) "
+        "name -> cap}: the most units one partition may hold; overrides queue_limits= in "
+        "code, key by key.",
     ),
     "semaphore_queue_weights": (
         None,
         lambda p, v: _per_semaphore(p, v, queue_weights_map),
-        "Dict of semaphore name -> {partition (queue) name -> weight from 1 to 1000}: the "
-        "partition's share of the limit while several wait; overrides queue_weights= in code.",
+        "Dict of semaphore name (or name template, or glob pattern) -> {partition (queue) "
+        "name -> weight from 1 to 1000}: the partition's share of the limit while several "
+        "wait; overrides queue_weights= in code.",
     ),
     "semaphore_enabled": (
         True,
