@@ -15,7 +15,8 @@ from typing import Any, Final
 from ..core import _validate
 from ..core.rates import Rate, parse_rates
 from . import config
-from .bykey import DEFAULT, KeyTable, PerCall
+from .bykey import DEFAULT, PerCall
+from .patterns import Lookup, check_key
 from .templates import ArgsFn, Template, parameters
 
 __all__ = [
@@ -334,19 +335,16 @@ def _per_key(
         )
     checked: dict[str, Any] = {}
     for key, entry in value.items():
-        if not isinstance(key, str) or not key:
-            raise TypeError(
-                f"{param}: the key {key!r} is not accepted: a table by key takes concrete "
-                f"names or glob patterns (e.g. 'llm:acme', 'llm:trial-*'), and '*' as the default"
-            )
-        checked[key] = check(f"{param}[{key!r}]", entry)
+        checked[check_key(f"{param} (a table by key)", key)] = check(f"{param}[{key!r}]", entry)
     if DEFAULT not in checked:
         raise ValueError(
             f"{param}={dict(value)!r} is not accepted: a table by key needs a default entry "
             f"'*' (used for every name no other key matches), e.g. {{..., '*': 5}}"
         )
-    table = KeyTable.build(checked)
-    return checked[DEFAULT], PerCall(repr(table), table=table)
+    keys = list(checked)
+    shown = f"<table of {len(keys)}: {', '.join(map(repr, keys[:4]))}{', ...' * (len(keys) > 4)}>"
+    table = Lookup(checked)
+    return checked[DEFAULT], PerCall(shown, table=table)
 
 
 def in_context(exc: Exception, prefix: str) -> Exception:
