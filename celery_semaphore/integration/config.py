@@ -31,6 +31,7 @@ from urllib.parse import urlsplit
 
 from ..core import _validate, connection
 from ..core.keys import validate_prefix
+from ..core.rates import Rate, parse_rates
 from .patterns import Lookup, check_key
 
 __all__ = [
@@ -255,6 +256,12 @@ APP_SETTINGS: dict[str, tuple[Any, Callable[[str, object], Any], str]] = {
         "Dict of semaphore name (or name template, or glob pattern such as 'llm:*') -> "
         "limit, overriding the limit given in code.",
     ),
+    "semaphore_rates": (
+        None,
+        lambda p, v: _rates_setting(p, v),
+        "Dict of semaphore name (or name template, or glob pattern) -> rate ('100/s', a list "
+        "of windows such as ['60/m', '1000/h'], or None for no rate), overriding rate= in code.",
+    ),
     "semaphore_queue_limits": (
         None,
         lambda p, v: _per_semaphore(p, v, queue_limits_map),
@@ -367,6 +374,17 @@ def _limits(param: str, value: object) -> dict[str, int] | None:
     return {
         check_key(param, k): _validate.positive_int(f"{param}[{k!r}]", v) for k, v in value.items()
     }
+
+
+def _rates_setting(param: str, value: object) -> dict[str, tuple[Rate, ...]] | None:
+    if value is None:
+        return None
+    if not isinstance(value, Mapping):
+        raise TypeError(
+            f"{param} must be a dict of semaphore name -> rate, got {type(value).__name__} "
+            f"{value!r}"
+        )
+    return {check_key(param, k): parse_rates(f"{param}[{k!r}]", v) for k, v in value.items()}
 
 
 #: options of ``@limited`` that are not app settings (see :mod:`.spec`)
@@ -630,6 +648,22 @@ def configured_limit(conf: Any, name: str, template: str | None = None) -> int |
     if not lookup:
         return None
     return lookup.first((name,) if template is None else (name, template))
+
+
+def semaphore_rates(
+    conf: Any, name: str, code_rates: tuple[Rate, ...], template: str | None = None
+) -> tuple[Rate, ...]:
+    """The rate windows of ``name``: ``semaphore_rates`` under the name, its template or the
+    most specific pattern (like ``semaphore_limits``), else those given in code."""
+    lookup: Lookup[tuple[Rate, ...]] = memo(
+        conf,
+        "rates",
+        lambda: Lookup(_rates_setting("semaphore_rates", conf.get("semaphore_rates", None))),
+    )
+    if not lookup:
+        return code_rates
+    found = lookup.first((name,) if template is None else (name, template))
+    return code_rates if found is None else found
 
 
 def semaphore_limit(conf: Any, name: str, code_limit: int, template: str | None = None) -> int:

@@ -31,7 +31,7 @@ from . import children, config, events, patterns, targets
 from .decorators import spec_of
 from .delivery import handled_here, stamped_claim, ticket_of
 from .locks import lock_for, lock_names
-from .spec import LimitSpec, Member, check_cap, check_weight
+from .spec import LimitSpec, Member, check_cap, check_group_rates, check_rate_weight, check_weight
 
 __all__ = [
     "WorkerStartHook",
@@ -76,11 +76,21 @@ def check_app(app: Any) -> list[tuple[str, LimitSpec]]:
         config.resolve(app.conf, spec.options)  # task options with app settings
         for member in spec.members:
             _check_member(app.conf, task_name, member)
+        if len(spec.members) > 1:
+            for member in spec.members:
+                template = member.name if member.dynamic_name else None
+                rates = config.semaphore_rates(app.conf, member.name, (), template)
+                check_group_rates(f"task {task_name}", member.name, rates)
     return limited
 
 
 #: the settings keyed by semaphore name (exact, template or pattern)
-PER_SEMAPHORE_SETTINGS = ("semaphore_limits", "semaphore_queue_limits", "semaphore_queue_weights")
+PER_SEMAPHORE_SETTINGS = (
+    "semaphore_limits",
+    "semaphore_rates",
+    "semaphore_queue_limits",
+    "semaphore_queue_weights",
+)
 
 
 def unmatched_keys(app: Any, limited: list[tuple[str, LimitSpec]]) -> list[str]:
@@ -191,6 +201,9 @@ def _check_member(conf: Any, task_name: str, member: Member) -> None:
         return  # checked per call
     limit = config.semaphore_limit(conf, member.name, member.limit)
     check_weight(f"task {task_name}", member.name, member.weight, limit, "semaphore_limits")
+    if member.rate_by is None:
+        rates = config.semaphore_rates(conf, member.name, member.rates)
+        check_rate_weight(f"task {task_name}", member.name, member.weight, rates)
     caps = config.partition_caps(conf, (member.name,), member.queue_limits)
     for partition, cap in caps.items():
         check_cap(

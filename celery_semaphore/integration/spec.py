@@ -25,6 +25,7 @@ __all__ = [
     "Member",
     "PartitionRule",
     "check_cap",
+    "check_group_rates",
     "check_rate_weight",
     "check_weight",
     "in_context",
@@ -382,6 +383,16 @@ def check_rate_weight(where: str, name: str, weight: int, rates: tuple[Rate, ...
             f"{where}: weight={weight} exceeds the count of the rate window {smallest} of "
             f"semaphore {name!r}; a start counts its weight in every window: use a weight from "
             f"1 to {smallest.count} or a larger rate"
+        )
+
+
+def check_group_rates(where: str, name: str, rates: tuple[Rate, ...]) -> None:
+    """``semaphore_rates`` may not give a rate to a semaphore a task takes with others."""
+    if rates:
+        raise ValueError(
+            f"{where}: semaphore_rates gives semaphore {name!r} the rate "
+            f"{[str(r) for r in rates]}, but the task takes several semaphores at once, and a "
+            "group does not admit rates yet; remove that entry (or narrow its pattern)"
         )
 
 

@@ -20,7 +20,15 @@ from ..core import _validate
 from ..core.rates import Rate, parse_rates
 from . import config
 from .bykey import PerCall
-from .spec import LimitSpec, Member, _Queue, check_cap, check_rate_weight, check_weight
+from .spec import (
+    LimitSpec,
+    Member,
+    _Queue,
+    check_cap,
+    check_group_rates,
+    check_rate_weight,
+    check_weight,
+)
 from .templates import Template, call_arguments
 
 __all__ = ["Plan", "Target", "arguments_of", "resolve"]
@@ -137,6 +145,9 @@ def resolve(
     if partition is None:
         partition = _short(_partition(task, spec, arguments, queue))
     targets = tuple(_target(task, conf, m, arguments, partition) for m in spec.members)
+    if len(targets) > 1:
+        for target in targets:
+            check_group_rates(f"task {task.name}", target.name, target.rates)
     names = tuple(n for t in targets for n in (t.name, t.member.name))
     weight = config.partition_weight(conf, names, spec.queue_weights, partition)
     return Plan(targets, partition, weight)
@@ -204,6 +215,7 @@ def _target(
     rates = member.rates
     if member.rate_by is not None:
         rates = _rates(task, name, member.rate_by, arguments)
+    rates = config.semaphore_rates(conf, name, rates, template)
     limit = config.semaphore_limit(conf, name, code_limit, template)
     weight = member.weight
     where = "semaphore_limits" if limit != code_limit else "limit="

@@ -163,3 +163,42 @@ def test_bad_rates_and_tables_fail_at_decoration(
     message = str(caught.value)
     assert text in message, message
     assert "on tests.unit.test_spec_per_key.test_bad_rates_and_tables_fail_at_decoration" in message
+
+
+def test_semaphore_rates_overrides_code_by_name_template_and_pattern(app: Celery) -> None:
+    @app.task
+    @limited("geo:{t}", limit=5, rate="2/s")
+    def geo2(t: str) -> None: ...
+
+    assert plan(geo2, "a").targets[0].rates == (Rate(2, 1.0),)
+    app.conf.semaphore_rates = {"geo:vip": None, "geo:b*": "9/m"}
+    assert plan(geo2, "vip").targets[0].rates == ()  # its own entry: no rate
+    assert plan(geo2, "bob").targets[0].rates == (Rate(9, 60.0),)  # the pattern
+    assert plan(geo2, "x").targets[0].rates == (Rate(2, 1.0),)  # no key: the code's
+    # the template's entry comes before any pattern
+    app.conf.semaphore_rates = {"geo:*": "9/m", "geo:{t}": ["4/s", "100/h"]}
+    assert plan(geo2, "x").targets[0].rates == (Rate(4, 1.0), Rate(100, 3600.0))
+
+
+def test_worker_start_refuses_bad_semaphore_rates(app: Celery) -> None:
+    from celery_semaphore.integration.signals import check_app
+
+    @app.task
+    @limited("api", limit=8, weight=3)
+    def heavy() -> None: ...
+
+    @app.task
+    @limited(["db", "cache"], limit=2)
+    def both() -> None: ...
+
+    app.conf.semaphore_rates = {"api": "1/x"}
+    with pytest.raises(ValueError, match=r"semaphore_rates\['api'\]='1/x' is not accepted"):
+        check_app(app)
+    app.conf.semaphore_rates = {"api": "2/s"}
+    with pytest.raises(ValueError, match=r"weight=3 exceeds the count of the rate window 2/s"):
+        check_app(app)
+    app.conf.semaphore_rates = {"d*": "2/s"}
+    with pytest.raises(ValueError, match=r"takes several semaphores at once"):
+        check_app(app)
+    app.conf.semaphore_rates = {"api": "5/s"}
+    check_app(app)
