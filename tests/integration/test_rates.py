@@ -17,6 +17,7 @@ from collections.abc import Iterator, Sequence
 
 import pytest
 
+from celery_semaphore import Rate, Semaphore
 from celery_semaphore.ops.testing import RedisServer
 from tests.conftest import delete_prefix
 
@@ -106,6 +107,37 @@ def test_rate_holds_across_nodes(env: Env) -> None:
     gaps = sorted(b - a for a, b in zip(starts, starts[5:], strict=False))
     assert statistics.median(gaps) <= 1.5 + 0.2, gaps
     assert 1 <= max_inside(env, "rate-bound") <= 8
+    _no_leak(env, "rate-bound")
+
+
+def test_fifo_when_the_rate_holds_the_line(env: Env) -> None:
+    """The window is used up; 8 tasks join the line one after another; when it opens, the
+    first 5 in line start first, then the other 3: the rate keeps the line's order."""
+    blocker = Semaphore(
+        "rate-bound", 8, redis=env.redis_url, key_prefix=env.prefix, rate=Rate(5, 1.5)
+    )
+    for _ in range(5):  # five starts: the window is full for 1.5 s
+        permit = blocker.acquire(blocking=False)
+        assert permit is not None
+        permit.release()
+    line = semaphore(env, "rate-bound")
+    app = env.client_app()
+    try:
+        results = []
+        for i in range(8):
+            results.append(app.send_task(proj_rates.rate_bound.name, (f"q{i}",)))
+            wait_until(
+                lambda n=i + 1: len(line.waiters()) + len(started_at(env)) >= n,
+                20,
+                what=f"q{i} in line",
+            )
+        for result in results:
+            result.get(timeout=30)
+    finally:
+        app.close()
+    order = [tag for tag, _ in sorted(started_at(env).items(), key=lambda item: item[1])]
+    assert set(order[:5]) == {f"q{i}" for i in range(5)}, order
+    assert set(order[5:]) == {f"q{i}" for i in range(5, 8)}, order
     _no_leak(env, "rate-bound")
 
 
