@@ -8,21 +8,23 @@ from typing import Any
 
 from . import views
 
-__all__ = ["audit_lines", "detail", "duration", "explanation", "listing", "top_frame"]
+__all__ = [
+    "audit_lines",
+    "detail",
+    "duration",
+    "explanation",
+    "limit_lines",
+    "listing",
+    "rate_line",
+    "top_frame",
+]
 
 BAR_WIDTH = 30
 
 
 def duration(seconds: float | None) -> str:
     """``0.4s``, ``12.3s``, ``5m03s``, ``2h05m``; ``-`` for None."""
-    if seconds is None:
-        return "-"
-    if seconds < 60:
-        return f"{seconds:.1f}s"
-    whole = int(seconds)
-    if whole < 3600:
-        return f"{whole // 60}m{whole % 60:02d}s"
-    return f"{whole // 3600}h{whole % 3600 // 60:02d}m"
+    return "-" if seconds is None else views.seconds_text(seconds)
 
 
 def _cell(value: Any) -> str:
@@ -82,6 +84,20 @@ def _partition_line(part: Mapping[str, Any]) -> str:
     return f"partition {name}: {rest}" if rest else f"partition {name}"
 
 
+def rate_line(win: Mapping[str, Any]) -> str:
+    """``rate 10/s: 7 started, 3 available``; when full, ``..., opens in 0.4s``."""
+    text = f"rate {win['rate']}: {win['started']} started, {win['available']} available"
+    if win["available"] <= 0 or win["opens_in"] > 0:
+        text += f", opens in {duration(win['opens_in'])}"
+    return text
+
+
+def limit_lines(data: Mapping[str, Any]) -> list[str]:
+    """What limits the starts besides the units: one line per rate window (none without a
+    rate).  The place for any other such limit the core reports."""
+    return [rate_line(win) for win in data.get("rates") or []]
+
+
 def listing(rows: Sequence[Mapping[str, Any]], prefix: str) -> str:
     if not rows:
         return (
@@ -108,6 +124,8 @@ def listing(rows: Sequence[Mapping[str, Any]], prefix: str) -> str:
     for row in rows:
         for part in row["partitions"]:
             out.append(f"  {row['name']} / {_partition_line(part)}")
+        for line in limit_lines(row):
+            out.append(f"  {row['name']} / {line}")
     return "\n".join(out)
 
 
@@ -131,6 +149,8 @@ def detail(data: Mapping[str, Any]) -> str:
     ]
     for part in data["partitions"]:
         lines.append(f"  {_partition_line(part)}")
+    for line in limit_lines(data):
+        lines.append(f"  {line}")
     lines.append("")
     holders = data["holder_list"]
     lines.append(f"HOLDERS ({len(holders)})")
@@ -158,9 +178,12 @@ def detail(data: Mapping[str, Any]) -> str:
     waiters = data["waiter_list"]
     lines.append(f"WAITERS ({len(waiters)})")
     if waiters:
+        # WHY only when a waiter waits for something other than units or its turn
+        why = any(w.get("why") for w in waiters)
         lines.append(
             table(
-                ["POS", "TASK ID", "TASK", "PARTITION", "WEIGHT", "WAITED", "HOW"],
+                ["POS", "TASK ID", "TASK", "PARTITION", "WEIGHT", "WAITED", "HOW"]
+                + (["WHY"] if why else []),
                 [
                     [
                         w["position"],
@@ -171,6 +194,7 @@ def detail(data: Mapping[str, Any]) -> str:
                         duration(w["waited"]),
                         _how(w),
                     ]
+                    + ([_why(w)] if why else [])
                     for w in waiters
                 ],
                 indent="  ",
@@ -200,6 +224,12 @@ def _how(w: Mapping[str, Any]) -> str:
     return str(w["how"])
 
 
+def _why(w: Mapping[str, Any]) -> str | None:
+    """``held by the rate 2/s: the window opens in 0.4s`` (None: units or its turn)."""
+    why = w.get("why")
+    return None if not why else str(why["text"])
+
+
 def explanation(r: Mapping[str, Any]) -> str:
     if r["state"] == "holding":
         h = r["holding"][0]
@@ -225,6 +255,19 @@ def explanation(r: Mapping[str, Any]) -> str:
         f"its turn: {r['needed']}",
         f"  waiting for {duration(w['waited'])}, {how}",
     ]
+    for line in limit_lines(r):
+        lines.append(f"  {line}")
+    why = r.get("why")
+    if why:
+        if why["at_least"]:
+            room = "window has" if len(why["windows"]) == 1 else "windows have"
+            then = f"it starts when the {room} room for its weight {w['weight']}"
+        else:
+            then = "it starts then"
+        lines.append(f"  {why['text']} (its units are free: {then})")
+    head_why = r.get("head_why")
+    if head_why:
+        lines.append(f"  the head of its line is {head_why['text']}")
     if r["ahead"]:
         lines.append("  ahead of it:")
         lines.append(
@@ -265,13 +308,15 @@ def explanation(r: Mapping[str, Any]) -> str:
         )
     if r["estimate"] is None:
         lines.append(f"  estimate: unknown ({r['estimate_basis']})")
-    else:
+    elif r["needed"]:
         lines.append(
             f"  estimate: about {duration(r['estimate'])} (rough; a hold taken as "
             f"{duration(r['hold_estimate'])}: {r['estimate_basis']})"
-            if r["needed"]
-            else f"  estimate: now ({r['estimate_basis']})"
         )
+    elif r["estimate"] > 0:  # units are free; the rate is what it waits for
+        lines.append(f"  estimate: about {duration(r['estimate'])} ({r['estimate_basis']})")
+    else:
+        lines.append(f"  estimate: now ({r['estimate_basis']})")
     return "\n".join(lines)
 
 
@@ -306,6 +351,10 @@ def top_frame(rows: Sequence[Mapping[str, Any]], prefix: str, interval: float) -
             lines.append(
                 f"{name:<{width}}  {bar}  {used}/{_cell(cap)}  {part.get('waiting', 0)} waiting"
             )
+        for win in r.get("rates") or []:
+            name = f"  rate {win['rate']}"
+            bar = _bar(int(win["started"]), int(win["count"]))
+            lines.append(f"{name:<{width}}  {bar}  {rate_line(win).split(': ', 1)[1]}")
     return "\n".join(lines)
 
 

@@ -3,9 +3,10 @@
 Two kinds, read two ways:
 
 * **Gauges of the fleet-wide state** (limit, units in use, holders, waiters, oldest wait, per
-  semaphore and per partition) are read from Redis when Prometheus scrapes, by
-  :class:`SemaphoreCollector`.  They are right whichever process serves them, so they need no
-  multiprocess care; every exporter reports the same values (aggregate them with ``max``).
+  semaphore and per partition; each rate window's count, starts and room) are read from
+  Redis when Prometheus scrapes, by :class:`SemaphoreCollector`.  They are right whichever
+  process serves them, so they need no multiprocess care; every exporter reports the same
+  values (aggregate them with ``max``).
 * **Counters and histograms of what happened** (acquired, waits, time-outs, lost leases,
   reclaimed permits; wait and hold time) are counted where it happened, in the process that
   ran the task, from :mod:`~celery_semaphore.integration.events`.  On the prefork pool that is
@@ -247,6 +248,30 @@ class SemaphoreCollector(Collector):
         p_cap = gauge("celery_semaphore_partition_cap", "A partition's cap.", "partition")
         p_used = gauge("celery_semaphore_partition_in_use", "Units a partition holds.", "partition")
         p_wait = gauge("celery_semaphore_partition_waiting", "A partition's waiters.", "partition")
+        r_limit = gauge(
+            "celery_semaphore_rate_limit",
+            "A rate window's count: the most weight that may start in any period (window: "
+            'the rate, e.g. "10/s").',
+            "window",
+        )
+        r_period = gauge(
+            "celery_semaphore_rate_period_seconds", "A rate window's period.", "window"
+        )
+        r_started = gauge(
+            "celery_semaphore_rate_started",
+            "Weight started in a rate window's last period.",
+            "window",
+        )
+        r_available = gauge(
+            "celery_semaphore_rate_available",
+            "Weight that may still start in a rate window now.",
+            "window",
+        )
+        r_opens = gauge(
+            "celery_semaphore_rate_opens_in_seconds",
+            "Seconds until a rate window has room for one more start (0: it has room now).",
+            "window",
+        )
         expired = CounterMetricFamily(
             "celery_semaphore_leases_expired",
             "Holders whose lease ran out and whose units were taken back, whoever took them "
@@ -280,6 +305,13 @@ class SemaphoreCollector(Collector):
                             p_cap.add_metric(label, cap)
                         p_used.add_metric(label, float(part.get("used") or 0))
                         p_wait.add_metric(label, float(part.get("waiting") or 0))
+                    for win in row["rates"]:
+                        label = [name, win["rate"]]
+                        r_limit.add_metric(label, win["count"])
+                        r_period.add_metric(label, win["period"])
+                        r_started.add_metric(label, win["started"])
+                        r_available.add_metric(label, win["available"])
+                        r_opens.add_metric(label, win["opens_in"])
                     # counters the core keeps in Redis
                     expired.add_metric([name], snap.reclaimed_total)
                     grants.add_metric([name], snap.grants_total)
@@ -294,6 +326,7 @@ class SemaphoreCollector(Collector):
         up.add_metric([], ok)
         yield from (limit, overridden, in_use, holders, waiting, oldest)
         yield from (p_cap, p_used, p_wait)
+        yield from (r_limit, r_period, r_started, r_available, r_opens)
         yield from (f for f in (expired, grants) if f.samples)
         yield up
 

@@ -8,6 +8,14 @@ per semaphore, on the Redis server's clock.
 Partitions (per-queue shares) are shown when the core reports them
 (``Snapshot.partitions``, ``HolderInfo.partition``, ``WaiterInfo.partition``); until then the
 fields are empty.
+
+Rate windows (``Snapshot.rates``) are shown as ``rates``: each window's count and period, the
+weight started in it, what is still available and when it next has room.  Besides HOW a waiter
+waits (:func:`how_waiting`), a waiter may carry WHY it waits when that is not the ordinary
+reason (units in use, or its turn in line): ``why`` is None then, or a dict whose ``kind``
+names the reason, ``text`` says it in words and ``ends_in`` says when it ends (seconds, None
+when unknown).  The only kind today is ``"rate"`` (:data:`RATE`): the head of a line whose
+weight fits the free units, but not the room left in some rate window.
 """
 
 from __future__ import annotations
@@ -16,14 +24,17 @@ import dataclasses
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from ..core.semaphore import HolderInfo, Semaphore, Snapshot, WaiterInfo
+from ..core.semaphore import HolderInfo, RateWindowInfo, Semaphore, Snapshot, WaiterInfo
 from .registry import Known
 
 __all__ = [
     "detail",
     "explain",
     "find_task",
+    "held_by_rate",
     "limit_info",
+    "rate_windows",
+    "seconds_text",
     "semaphore_for_known",
     "summary",
 ]
@@ -92,6 +103,25 @@ def _partitions(snap: Snapshot) -> list[dict[str, Any]]:
     return records
 
 
+def _window(win: RateWindowInfo) -> dict[str, Any]:
+    return {
+        "rate": str(win.rate),
+        "count": win.rate.count,
+        "period": win.rate.period_seconds,
+        "started": win.started,
+        "available": win.available,
+        "opens_in": round(win.opens_in, 3),
+    }
+
+
+def rate_windows(snap: Snapshot) -> list[dict[str, Any]]:
+    """The rate windows in force (``Snapshot.rates``), by period: ``rate`` (``"10/s"``),
+    ``count``, ``period`` (seconds), ``started`` (weight started in the window), ``available``
+    (weight that may still start) and ``opens_in`` (seconds until it has room for one more
+    start; 0.0: it has room now).  Empty without a rate."""
+    return [_window(win) for win in getattr(snap, "rates", None) or []]
+
+
 def summary(entry: Known, snap: Snapshot) -> dict[str, Any]:
     """One line of ``list`` / ``top``: limit and source, units in use, holders, waiters."""
     info = limit_info(entry, snap)
@@ -109,6 +139,7 @@ def summary(entry: Known, snap: Snapshot) -> dict[str, Any]:
         "grants_total": snap.grants_total,
         "tasks": sorted(entry.tasks),
         "partitions": _partitions(snap),
+        "rates": rate_windows(snap),
         "found_in": sorted(entry.found_in),
         "recorded_by": entry.node,
         "recorded_at": entry.recorded_at,
@@ -149,7 +180,63 @@ def how_waiting(owner: Mapping[str, Any], parked: bool) -> str:
     return SLOT if owner.get("task_id") else BLOCKED
 
 
-def _waiter(w: WaiterInfo, now: float) -> dict[str, Any]:
+#: Why a waiter waits, when it is not the units (or its turn in line): a rate window is full.
+RATE = "rate"
+
+
+def _free_units(snap: Snapshot, limit: int | None) -> int:
+    return max(0, (limit if limit is not None else snap.limit) - snap.used)
+
+
+def held_by_rate(snap: Snapshot, w: WaiterInfo, limit: int | None = None) -> dict[str, Any] | None:
+    """Whether ``w`` is held by the rate rather than by the units: it is the head of its
+    partition's line, its weight fits the free units (``limit`` minus the units in use;
+    ``limit`` defaults to the snapshot's) and its partition's cap, but not the room left in
+    some rate window.  None when it is not (or there is no rate); else ``kind`` "rate",
+    ``windows`` (the full ones, as :func:`rate_windows` gives them), ``rate`` (their rates,
+    ``"2/s, 100/m"``), ``ends_in`` (seconds until the last of them has room for one more start:
+    for a weight above 1 the room for its whole weight may come later, ``at_least`` says so)
+    and ``text``."""
+    rates = getattr(snap, "rates", None) or []
+    if not rates or w.position != 0 or w.weight > _free_units(snap, limit):
+        return None
+    mine = getattr(w, "partition", None)
+    for part in _partitions(snap):
+        cap = part.get("cap")
+        fits = not isinstance(cap, int) or int(part.get("used") or 0) + w.weight <= cap
+        if part.get("name") == mine and not fits:
+            return None
+    full = [win for win in rates if win.available < w.weight]
+    if not full:
+        return None
+    ends_in = round(max(win.opens_in for win in full), 3)
+    at_least = w.weight > 1
+    names = ", ".join(str(win.rate) for win in full)
+    when = f"{'at least ' if at_least else ''}{seconds_text(ends_in)}"
+    window = "window opens" if len(full) == 1 else "windows open"
+    return {
+        "kind": RATE,
+        "rate": names,
+        "windows": [_window(win) for win in full],
+        "ends_in": ends_in,
+        "at_least": at_least,
+        "text": f"held by the rate {names}: the {window} in {when}",
+    }
+
+
+def seconds_text(seconds: float) -> str:
+    """``0.4s``, ``12.3s``, ``5m03s``, ``2h05m``: a duration as every view writes it."""
+    if seconds < 60:
+        return f"{seconds:.1f}s"
+    whole = int(seconds)
+    if whole < 3600:
+        return f"{whole // 60}m{whole % 60:02d}s"
+    return f"{whole // 3600}h{whole % 3600 // 60:02d}m"
+
+
+def _waiter(
+    w: WaiterInfo, now: float, snap: Snapshot | None = None, limit: int | None = None
+) -> dict[str, Any]:
     owner = w.owner
     return {
         "position": w.position,
@@ -164,17 +251,20 @@ def _waiter(w: WaiterInfo, now: float) -> dict[str, Any]:
         "held_by": owner.get("held_by"),
         "place_left": round(w.place_remaining, 3),
         "partition": getattr(w, "partition", None),
+        "why": None if snap is None else held_by_rate(snap, w, limit),
     }
 
 
 def detail(entry: Known, snap: Snapshot) -> dict[str, Any]:
     """``show NAME``: the summary plus every holder and waiter."""
     now = snap.server_time
+    row = summary(entry, snap)
+    limit = row["limit"] or 0
     return {
-        **summary(entry, snap),
+        **row,
         "server_time": now,
         "holder_list": [_holder(h, now) for h in snap.holders],
-        "waiter_list": [_waiter(w, now) for w in snap.waiters],
+        "waiter_list": [_waiter(w, now, snap, limit) for w in snap.waiters],
     }
 
 
@@ -234,10 +324,30 @@ def explain(entry: Known, snap: Snapshot, task_id: str) -> dict[str, Any] | None
         estimate = None
     else:
         estimate = needed * hold / limit  # `limit` units turn over every `hold` seconds
+    waiter = _waiter(me, now, snap, limit)
+    why = waiter["why"]
+    head = next((w for w in ahead if w.position == 0), None)
+    head_why = None if head is None else held_by_rate(snap, head, limit)
+    if why is not None:
+        estimate = why["ends_in"]
+        basis = f"its units are free: it starts when the rate {why['rate']} has room" + (
+            f" for its weight {me.weight}" if why["at_least"] else ""
+        )
+    else:
+        # the units are not all: the starts up to its own need room in every rate window
+        by_rate = _rate_estimate(snap, ahead_units + me.weight)
+        if by_rate is not None and needed == 0:
+            estimate, basis = by_rate
+        elif by_rate is not None and estimate is not None and by_rate[0] > estimate:
+            estimate = by_rate[0]
+            basis = f"{basis}; the rate is slower: {by_rate[1]}"
     out.update(
         state="waiting",
-        waiter=_waiter(me, now),
-        ahead=[_waiter(w, now) for w in ahead],
+        waiter=waiter,
+        why=why,
+        head_why=head_why,
+        rates=rate_windows(snap),
+        ahead=[_waiter(w, now, snap, limit) for w in ahead],
         ahead_units=ahead_units,
         free=free,
         needed=needed,
@@ -248,6 +358,29 @@ def explain(entry: Known, snap: Snapshot, task_id: str) -> dict[str, Any] | None
         hold_estimate=None if hold is None else round(hold, 3),
     )
     return out
+
+
+def _rate_estimate(snap: Snapshot, starts: int) -> tuple[float, str] | None:
+    """Roughly when ``starts`` more weight may have started under the rate: in each window
+    whose room is short, the first start waits for the window to open, and the rest start at
+    its pace (``count`` per period; the log's real spacing may differ).  The slowest window,
+    with its reason; None when every window has room for them all (or there is no rate)."""
+    slowest: tuple[float, str] | None = None
+    for win in getattr(snap, "rates", None) or []:
+        short = starts - win.available
+        if short <= 0:
+            continue
+        pace = win.rate.period_seconds / win.rate.count
+        # full: the first waits for the window to open; else the room goes first
+        wait = win.opens_in + (short - 1) * pace if win.available == 0 else short * pace
+        if slowest is None or wait > slowest[0]:
+            slowest = (
+                wait,
+                f"rough; the rate {win.rate} allows {win.rate.count} start(s) per "
+                f"{seconds_text(win.rate.period_seconds)} and has room for {win.available} "
+                f"now; {starts} start(s) up to and including its own",
+            )
+    return slowest
 
 
 def _cap(snap: Snapshot, me: WaiterInfo, info: Mapping[str, Any]) -> dict[str, Any]:

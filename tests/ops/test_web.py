@@ -575,3 +575,31 @@ def test_browser_read_only_page_says_so(browser: Any, site: Site) -> None:
     assert "Read-only" in browser.find_element("id", "actions-note").text
     assert browser.find_elements("id", "set-limit") == []
     assert browser.find_elements("css selector", "button.release") == []
+
+
+def test_browser_shows_rate_windows_and_a_waiter_held_by_the_rate(browser: Any, site: Site) -> None:
+    # "2/h": the window stays full for the whole test (a 2/s window would open meanwhile)
+    rated = Semaphore("rated", 3, rate="2/h", redis=site.env.redis_url, key_prefix=site.env.prefix)
+    owner = {"task_id": "rate-held", "task": "web.hold", "host": "script"}
+    permits = [rated.acquire(blocking=False) for _ in range(2)]
+    assert all(permits)
+    assert rated.try_acquire("rate-held:0", owner=owner, place_ttl=120).rate_retry_after
+    try:
+        browser.get(site.url + "/#/s/rated")
+        _until(browser, lambda d: _texts(d, "tr.rate td.started") == ["2"], "the rate window")
+        assert _texts(browser, 'tr.rate[data-rate="2/h"] td.available') == ["0"]
+        [why] = _texts(browser, "tr.waiter td.why")
+        assert why.startswith("held by the rate 2/h: the window opens in "), why
+        browser.get(site.url + "/#/")
+        _until(
+            browser,
+            lambda d: _texts(d, 'tr.rate[data-rate="2/h"] td.rate-text') != [],
+            "the overview's rate row",
+        )
+        [text] = _texts(browser, 'tr.rate[data-rate="2/h"] td.rate-text')
+        assert text.startswith("2 started, 0 available, opens in ")
+    finally:
+        rated.withdraw("rate-held:0")
+        for permit in permits:
+            assert permit is not None
+            permit.release()

@@ -84,6 +84,18 @@ function partName(part) {
   return part.name ? String(part.name) : "(default)";
 }
 
+function rateText(w) {
+  // "7 started, 3 available" and, when full, ", opens in 0.4s" (as the CLI writes it)
+  let text = w.started + " started, " + w.available + " available";
+  if (w.available <= 0 || w.opens_in > 0) text += ", opens in " + duration(w.opens_in);
+  return text;
+}
+
+function whyText(w) {
+  // why a waiter waits when it is not the units or its turn (e.g. held by the rate)
+  return w.why ? w.why.text : null;
+}
+
 function limitText(row) {
   return cell(row.limit) + " (" + row.source + ")";
 }
@@ -142,6 +154,26 @@ function overview(data) {
         ),
       );
     }
+    for (const w of s.rates || []) {
+      rows.push(
+        el(
+          "tr",
+          { class: "rate", "data-rate": w.rate },
+          td("↳ rate " + w.rate),
+          td("at most " + w.count + " per " + duration(w.period)),
+          td(""),
+          td(""),
+          td(w.started + "/" + w.count, "num"),
+          td(bar(w.started, w.count)),
+          td(""),
+          td(""),
+          td(""),
+          td(""),
+          td(""),
+          td(rateText(w), "rate-text"),
+        ),
+      );
+    }
   }
   const headers = [
     "Semaphore", "Limit in force (source)", "Setting", "Code", "In use", "", "Holders",
@@ -185,6 +217,20 @@ function detailLive(d) {
       ),
     );
   }
+  if ((d.rates || []).length) {
+    out.push(el("h2", {}, "Rate windows"));
+    out.push(
+      table(
+        ["Rate", "Started", "", "Available", "Opens in"],
+        d.rates.map((w) =>
+          el("tr", { class: "rate", "data-rate": w.rate }, td(w.rate), td(w.started, "num started"),
+            td(bar(w.started, w.count)), td(w.available, "num available"),
+            td(w.available > 0 && !(w.opens_in > 0) ? "has room" : duration(w.opens_in),
+              "num opens-in"))),
+        "rates",
+      ),
+    );
+  }
   out.push(el("h2", {}, "Holders (" + d.holder_list.length + ")"));
   const holderHead = ["Task id", "Task", "Host", "PID", "Weight", "Age", "Lease left",
     "Partition", "Fence", "Token"];
@@ -215,12 +261,13 @@ function detailLive(d) {
   out.push(el("h2", {}, "Waiters (" + d.waiter_list.length + ")"));
   out.push(
     table(
-      ["Position", "Task id", "Task", "Partition", "Weight", "Waited", "How", "Held by", "Host"],
+      ["Position", "Task id", "Task", "Partition", "Weight", "Waited", "How", "Held by", "Host",
+        "Why (besides units)"],
       d.waiter_list.map((w) =>
         el("tr", { class: "waiter", "data-task-id": w.task_id || w.ticket },
           td(w.position, "num position"), td(taskLink(w.task_id || w.ticket)), td(w.task),
           td(w.partition), td(w.weight, "num"), td(duration(w.waited), "num"), td(w.how, "how"),
-          td(w.held_by, "held-by"), td(w.host))),
+          td(w.held_by, "held-by"), td(w.host), td(whyText(w), "why"))),
       "waiters",
     ),
   );
