@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import time
+from pathlib import Path
 from typing import Any
 
 from celery import Celery
@@ -29,6 +30,7 @@ from celery_semaphore.ops.registry import Known
 from tests.conftest import SemaphoreFactory
 
 from .conftest import Cli
+from .test_cli import closed_port
 
 
 def owner(task_id: str) -> dict[str, Any]:
@@ -259,6 +261,37 @@ def test_a_one_second_window_is_shown_full_then_open(
     # the head may have been granted meanwhile (a blocking waiter would be); if it still
     # waits, the rate no longer holds it
     assert all(w["why"] is None for w in opened["waiter_list"])
+
+
+def test_the_web_pages_json_has_the_windows_and_the_reason(
+    app: Celery, make_semaphore: SemaphoreFactory
+) -> None:
+    """The page draws what its JSON says (the browser test, test_web.py, checks the drawing)."""
+    from celery_semaphore.ops import web
+
+    from .test_web_app import request
+
+    saturate_alpha(make_semaphore)
+    port = closed_port()
+    server, _ = web.start_server(app, port=port, token="tok")
+    try:
+        url = f"http://127.0.0.1:{port}"
+        rows = json.loads(request(url + "/api/semaphores")[2])["semaphores"]
+        [window] = next(r for r in rows if r["name"] == "alpha")["rates"]
+        _check_full_window(window, "2/m", 2, 60.0)
+        detail = json.loads(request(url + "/api/semaphore?name=alpha")[2])
+        whys = {w["task_id"]: w["why"] for w in detail["waiter_list"]}
+        assert whys["t4"] is None
+        assert whys["t3"]["text"].startswith("held by the rate 2/m: the window opens in ")
+        [result] = json.loads(request(url + "/api/explain?task_id=t3")[2])["results"]
+        assert "  held by the rate 2/m: the window opens in " in result["text"]
+    finally:
+        server.shutdown()
+        server.server_close()
+    script = (Path(web.__file__).parent / "web_static" / "app.js").read_text(encoding="utf-8")
+    # the script draws the windows and the reason from these fields, as text
+    for needle in ("s.rates", "d.rates", "w.why.text", 'class: "rate"', '"why"'):
+        assert needle in script, needle
 
 
 # -- cases built by hand ------------------------------------------------------------------------
