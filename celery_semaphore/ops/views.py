@@ -195,8 +195,9 @@ def held_by_rate(snap: Snapshot, w: WaiterInfo, limit: int | None = None) -> dic
     some rate window.  None when it is not (or there is no rate); else ``kind`` "rate",
     ``windows`` (the full ones, as :func:`rate_windows` gives them), ``rate`` (their rates,
     ``"2/s, 100/m"``), ``ends_in`` (seconds until the last of them has room for one more start:
-    for a weight above 1 the room for its whole weight may come later, ``at_least`` says so)
-    and ``text``."""
+    for a weight above 1 the room for its whole weight may come later, ``at_least`` says so),
+    ``ends_within`` (the longest of their periods: by then every window has room for any
+    weight it admits) and ``text``."""
     rates = getattr(snap, "rates", None) or []
     if not rates or w.position != 0 or w.weight > _free_units(snap, limit):
         return None
@@ -210,17 +211,27 @@ def held_by_rate(snap: Snapshot, w: WaiterInfo, limit: int | None = None) -> dic
     if not full:
         return None
     ends_in = round(max(win.opens_in for win in full), 3)
+    # every start in a window leaves it within its period: by then it has room for `count`
+    ends_within = max(win.rate.period_seconds for win in full)
     at_least = w.weight > 1
     names = ", ".join(str(win.rate) for win in full)
-    when = f"{'at least ' if at_least else ''}{seconds_text(ends_in)}"
-    window = "window opens" if len(full) == 1 else "windows open"
+    if at_least:
+        left = min(win.available for win in full)
+        text = (
+            f"held by the rate {names}: its weight {w.weight} needs more room than the {left} "
+            f"left; enough opens within {seconds_text(ends_within)}"
+        )
+    else:
+        window = "window opens" if len(full) == 1 else "windows open"
+        text = f"held by the rate {names}: the {window} in {seconds_text(ends_in)}"
     return {
         "kind": RATE,
         "rate": names,
         "windows": [_window(win) for win in full],
         "ends_in": ends_in,
+        "ends_within": ends_within,
         "at_least": at_least,
-        "text": f"held by the rate {names}: the {window} in {when}",
+        "text": text,
     }
 
 
@@ -330,9 +341,13 @@ def explain(entry: Known, snap: Snapshot, task_id: str) -> dict[str, Any] | None
     head_why = None if head is None else held_by_rate(snap, head, limit)
     if why is not None:
         estimate = why["ends_in"]
-        basis = f"its units are free: it starts when the rate {why['rate']} has room" + (
-            f" for its weight {me.weight}" if why["at_least"] else ""
-        )
+        basis = f"its units are free: it starts when the rate {why['rate']} has room"
+        if why["at_least"]:
+            basis += f" for its weight {me.weight}"
+            by_rate = _rate_estimate(snap, me.weight)
+            if by_rate is not None and by_rate[0] > estimate:
+                estimate = min(by_rate[0], why["ends_within"])
+                basis += ", roughly at the window's pace"
     else:
         # the units are not all: the starts up to its own need room in every rate window
         by_rate = _rate_estimate(snap, ahead_units + me.weight)

@@ -319,17 +319,26 @@ def _snapshot(rates: list[RateWindowInfo], waiters: list[WaiterInfo], **extra: A
     )
 
 
-def test_a_heavy_head_is_held_at_least_until_the_window_opens() -> None:
-    # weight 2, one start of room: it needs more than the next opening
-    snap = _snapshot([RateWindowInfo(Rate(5, 1.0), 4, 0.0)], [_waiter("w", 0, weight=2)])
+def test_a_heavy_head_is_held_until_the_room_for_its_weight() -> None:
+    # weight 3, one start of room: the window "has room" for one more start now, not for it
+    snap = _snapshot([RateWindowInfo(Rate(5, 1.0), 4, 0.0)], [_waiter("w", 0, weight=3)])
     why = views.held_by_rate(snap, snap.waiters[0])
     assert why is not None
-    assert (why["at_least"], why["ends_in"]) == (True, 0.0)
-    assert why["text"] == "held by the rate 5/s: the window opens in at least 0.0s"
+    assert (why["at_least"], why["ends_in"], why["ends_within"]) == (True, 0.0, 1.0)
+    assert why["text"] == (
+        "held by the rate 5/s: its weight 3 needs more room than the 1 left; enough opens "
+        "within 1.0s"
+    )
     detail = views.detail(ENTRY, snap)
-    text = cli_render.explanation(views.explain(ENTRY, snap, "w") or {})
     assert detail["waiter_list"][0]["why"] == why
-    assert "it starts when the window has room for its weight 2" in text
+    explained = views.explain(ENTRY, snap, "w")
+    assert explained is not None
+    # 2 starts beyond the room, at the window's pace (5 per second): about 0.4 s, not "now"
+    assert explained["estimate"] == 0.4
+    assert explained["estimate_basis"].endswith("for its weight 3, roughly at the window's pace")
+    text = cli_render.explanation(explained)
+    assert "(its units are free: it starts when the window has room for its weight 3)" in text
+    assert "estimate: about 0.4s" in text
 
 
 def test_every_full_window_is_named_and_the_last_to_open_counts() -> None:
