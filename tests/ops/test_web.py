@@ -29,7 +29,7 @@ from celery import Celery
 from prometheus_client.parser import text_string_to_metric_families
 
 from celery_semaphore import Semaphore
-from celery_semaphore.ops import web
+from celery_semaphore.ops import registry, web
 from celery_semaphore.ops.testing import RedisServer
 from tests.conftest import delete_prefix
 from tests.integration.workers import Env, Worker, start_worker, wait_until
@@ -45,6 +45,8 @@ ROOT = Path(__file__).resolve().parents[2]
 TOKEN = "s3cret-token"
 CHROMIUM = ("chromium", "chromium-browser", "google-chrome")
 CHROMEDRIVER = ("chromedriver",)
+#: a semaphore with a rate (10/m) that the worker knows from the registry (see ``site``)
+RATED = "rated-metrics"
 
 
 @dataclass
@@ -80,6 +82,15 @@ def site(redis_server: RedisServer) -> Iterator[Site]:
         extra={"semaphore_metrics_port": metrics_port, "semaphore_metrics_address": "127.0.0.1"},
     )
     client = env.client_app()
+    # a semaphore with a rate, known to the worker through the registry, so that its exporter
+    # serves the rate gauges the dashboard charts (the Celery layer takes no rate= yet)
+    setup = env.redis()
+    registry.record(setup, env.prefix, [registry.TaskUse(RATED, "web.rated", 5)], node="test")
+    setup.close()
+    rated = Semaphore(RATED, 5, rate="10/m", redis=env.redis_url, key_prefix=env.prefix)
+    permit = rated.acquire(blocking=False)
+    assert permit is not None
+    assert permit.release()
     worker = start_worker(env, concurrency=2, name="web")
     port = closed_port()
     server, _ = web.start_server(client, port=port, address="127.0.0.1", token=TOKEN)
@@ -387,6 +398,7 @@ def test_grafana_dashboard_queries_name_metrics_of_a_live_scrape(
     # every panel's query names at least one metric, and every semaphore gauge is charted
     assert all(METRIC.search(e) for e in expressions if "label_values" not in e)
     assert {"celery_semaphore_in_use", "celery_semaphore_limit", "celery_semaphore_waiting"} <= used
+    assert {"celery_semaphore_rate_started", "celery_semaphore_rate_limit"} <= used
 
 
 # -- a real browser ---------------------------------------------------------------------------
@@ -579,7 +591,9 @@ def test_browser_read_only_page_says_so(browser: Any, site: Site) -> None:
 
 def test_browser_shows_rate_windows_and_a_waiter_held_by_the_rate(browser: Any, site: Site) -> None:
     # "2/h": the window stays full for the whole test (a 2/s window would open meanwhile)
-    rated = Semaphore("rated", 3, rate="2/h", redis=site.env.redis_url, key_prefix=site.env.prefix)
+    rated = Semaphore(
+        "rated-page", 3, rate="2/h", redis=site.env.redis_url, key_prefix=site.env.prefix
+    )
     # found by SCAN only, so its limit is unknown until an override says it (no free units
     # are known without a limit, and nobody is then said to be held by the rate)
     rated.set_limit_override(3)
@@ -588,7 +602,7 @@ def test_browser_shows_rate_windows_and_a_waiter_held_by_the_rate(browser: Any, 
     assert all(permits)
     assert rated.try_acquire("rate-held:0", owner=owner, place_ttl=120).rate_retry_after
     try:
-        browser.get(site.url + "/#/s/rated")
+        browser.get(site.url + "/#/s/rated-page")
         _until(browser, lambda d: _texts(d, "tr.rate td.started") == ["2"], "the rate window")
         assert _texts(browser, 'tr.rate[data-rate="2/h"] td.available') == ["0"]
         [why] = _texts(browser, "tr.waiter td.why")
