@@ -28,6 +28,7 @@ if TYPE_CHECKING:
         RateWindowInfo,
         Semaphore,
         Snapshot,
+        ThrottleResult,
         WaiterInfo,
     )
     from .integration.body import checkpoint, current_permits
@@ -46,6 +47,7 @@ _CORE = frozenset(
         "RateWindowInfo",
         "Semaphore",
         "Snapshot",
+        "ThrottleResult",
         "WaiterInfo",
     }
 )
@@ -112,6 +114,7 @@ __all__ = [
     "PartitionInfo",
     "RateWindowInfo",
     "Snapshot",
+    "ThrottleResult",
     "WaiterInfo",
     # errors
     "LeaseLost",

@@ -21,6 +21,7 @@ OPERATIONS = (
     "withdraw",
     "reclaim",
     "inspect",
+    "throttle",
     "group_acquire",
     "group_release",
     "group_refresh",

@@ -40,6 +40,7 @@ from .semaphore import (
     AttemptStatus,
     Permit,
     Semaphore,
+    ThrottleResult,
     _check_attempt,
     _default_owner_text,
     _done_mode,
@@ -103,6 +104,16 @@ class GroupPermit(Permit):
             self._released = True
             return result
 
+    def throttled(self, retry_after: float | None = None) -> ThrottleResult:
+        """Not for a group: which member's downstream refused the call is not known here.
+        Call :meth:`~celery_semaphore.Permit.throttled` on that member's permit in
+        :attr:`permits` instead."""
+        raise TypeError(
+            f"throttled() is not accepted on a GroupPermit ({', '.join(self.group.names)}): "
+            "call it on the permit of the member whose downstream refused the call "
+            "(group_permit.permits[i].throttled(...))"
+        )
+
     def __enter__(self) -> GroupPermit:
         return self
 
@@ -151,6 +162,14 @@ class SemaphoreGroup:
                     f"{[str(r) for r in sem.rates]}; a SemaphoreGroup does not set rates yet "
                     "(a rate stored by the semaphore's own acquires still counts the group's "
                     "grants): use the semaphore without a group, or without rate="
+                )
+            if sem.adaptive:
+                raise ValueError(
+                    f"members are not accepted: semaphore {sem.name!r} has adaptive=True; a "
+                    "SemaphoreGroup does not take adaptive members (an adaptive limit or a "
+                    "throttle pause stored in Redis by the semaphore's own clients still holds "
+                    "the group's grants back): use the semaphore without a group, or without "
+                    "adaptive=True"
                 )
             checked.append((sem, _validate.positive_int("weight", weight, maximum=sem.limit)))
         if not checked:

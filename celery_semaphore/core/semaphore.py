@@ -26,6 +26,7 @@ A granted permit's token is its ticket.
 from __future__ import annotations
 
 import json
+import math
 import os
 import socket
 import threading
@@ -62,6 +63,7 @@ __all__ = [
     "RateWindowInfo",
     "Semaphore",
     "Snapshot",
+    "ThrottleResult",
     "WaiterInfo",
 ]
 
@@ -180,12 +182,54 @@ class Snapshot:
     hold_time_avg: float | None = None
     #: leases ever reclaimed after they expired (whoever's call noticed it)
     reclaimed_total: int = 0
-    #: the rate windows in force (the last acquirer's ``rate=``), by period; empty: no rate
+    #: the rate windows in force (the last acquirer's ``rate=``, or the runtime rate
+    #: override), by period; empty: no rate
     rates: list[RateWindowInfo] = field(default_factory=list)
+    #: the runtime rate override (:meth:`Semaphore.set_rate_override`), by period; None: none
+    #: (the acquirers' ``rate=`` is in force)
+    rate_override: list[Rate] | None = None
+    #: the adaptive limit stored in Redis when it is below :attr:`limit` (lowered by
+    #: :meth:`Semaphore.throttled`, rising again as permits are released); None: not lowered
+    adaptive_limit: int | None = None
+    #: seconds until the throttle pause ends (server clock); None: no pause
+    paused_for: float | None = None
+    #: :meth:`Semaphore.throttled` calls ever (any client, adaptive or not)
+    throttles_total: int = 0
+    #: seconds since the last :meth:`Semaphore.throttled` call; None: never
+    last_throttle_age: float | None = None
+
+    @property
+    def effective_limit(self) -> int:
+        """The units that may be held now: :attr:`limit`, or the adaptive limit when it is
+        lower.  (One waiter heavier than it may still start alone, when nothing is held.)"""
+        lowered = self.adaptive_limit
+        return self.limit if lowered is None else min(lowered, self.limit)
+
+    @property
+    def adaptive(self) -> bool:
+        """True while an adaptive limit below :attr:`limit` is in force."""
+        return self.adaptive_limit is not None and self.adaptive_limit < self.limit
 
     @property
     def available(self) -> int:
-        return max(0, self.limit - self.used)
+        """Units free now under :attr:`effective_limit` (a throttle pause still holds new
+        grants back: see :attr:`paused_for`)."""
+        return max(0, self.effective_limit - self.used)
+
+
+@dataclass(frozen=True)
+class ThrottleResult:
+    """What :meth:`Semaphore.throttled` (or :meth:`Permit.throttled`) did."""
+
+    #: True when this call lowered the adaptive limit (False: not adaptive, the limit was 1
+    #: already, or the throttle belongs to the congestion episode of an earlier decrease)
+    decreased: bool
+    #: the units that may be held now (the adaptive limit, or the limit in force)
+    effective_limit: int
+    #: seconds until the pause ends (this call's or a longer one set before); None: no pause
+    paused_for: float | None
+    #: throttles ever, this one included
+    throttles_total: int
 
 
 @dataclass(frozen=True, init=False)
@@ -197,8 +241,10 @@ class Attempt:
     position: int | None = None  #: for WAITING: in its partition's line, 0 is the head
     epoch: int = 0  #: for WAITING and STALE: the epoch of the place
     limit: int = 0  #: the limit in force when the script ran
-    #: for WAITING with a rate: seconds until every rate window has room for this waiter's
-    #: weight (server clock), when the rate is in the way; None: it is not (or no rate)
+    #: for WAITING: seconds until every rate window has room for this waiter's weight and a
+    #: throttle pause (:meth:`Semaphore.throttled`) is over (server clock), when either is in
+    #: the way; None: neither is (or no rate and no pause).  Nobody releases when a window
+    #: opens or a pause ends: a waiter at the head of its line retries by itself then.
     rate_retry_after: float | None = None
 
     def __init__(
@@ -312,6 +358,13 @@ class Permit:
             self._released = True
             return result
 
+    def throttled(self, retry_after: float | None = None) -> ThrottleResult:
+        """The call made under this permit was refused by the downstream service (429, 503):
+        :meth:`Semaphore.throttled` with this permit's fencing token, so the episode rule is
+        exact: a permit granted before the last decrease ran under the old limit, and its
+        refusal lowers nothing more.  Callable after the release too."""
+        return self.semaphore.throttled(retry_after, fencing_token=self.fencing_token)
+
     def __enter__(self) -> Permit:
         return self
 
@@ -367,7 +420,13 @@ class Semaphore:
         A grant of ``weight`` units counts as ``weight`` starts; a release gives none back.
         Checked in the same script as the units, on the server's clock (see "Rates" in the
         docs); stored in Redis by each acquire, so the last acquirer's rate is the one in
-        force for everyone (give all clients of one semaphore the same).
+        force for everyone (give all clients of one semaphore the same).  A runtime rate
+        override (:meth:`set_rate_override`) wins over it.
+    :param adaptive: let :meth:`throttled` lower the limit (halve it, once per congestion
+        episode) and successful releases raise it again by one per limit's worth of units
+        (AIMD; see "Adaptive limits" in the docs).  The lowered limit is kept in Redis and
+        obeyed by every client of the semaphore, adaptive or not.  Without it,
+        :meth:`throttled` only pauses new grants (``retry_after``) and counts.
     """
 
     def __init__(
@@ -385,8 +444,15 @@ class Semaphore:
         hash_tag: str | None = None,
         on_handoff: HandoffHandler | None = None,
         rate: str | Rate | Sequence[str | Rate] | None = None,
+        adaptive: bool = False,
     ) -> None:
         self.name = _validate.name("name", name)
+        if not isinstance(adaptive, bool):
+            raise TypeError(
+                f"adaptive must be True or False, got {type(adaptive).__name__} {adaptive!r}"
+            )
+        #: whether :meth:`throttled` lowers the limit (see the ``adaptive`` parameter)
+        self.adaptive = adaptive
         self.limit = _validate.positive_int("limit", limit)
         #: the rate windows, by period (empty: no rate)
         self.rates: tuple[Rate, ...] = parse_rates("rate", rate)
@@ -836,6 +902,58 @@ class Semaphore:
         self._call(lambda: self.client.hset(self.keys.state, "limit_override", value))
         self.reclaim()
 
+    def set_rate_override(
+        self, rate: str | Rate | Sequence[str | Rate] | None
+    ) -> tuple[Rate, ...] | None:
+        """Store runtime rate windows in Redis that every client of this semaphore obeys in
+        place of the ``rate=`` its acquirers send (None clears it: the next acquire stores
+        its own ``rate=`` again, or none).  Takes what ``rate=`` takes; returns the parsed
+        windows (None when cleared).  A waiter heavier than the override's smallest count
+        cannot start until the override is raised or cleared."""
+        rates = parse_rates("rate", rate)
+        if not rates:
+            self._call(lambda: self.client.hdel(self.keys.state, "rate"))
+            self.reclaim()
+            return None
+        text = "=" + encode_rates(rates)
+        self._call(lambda: self.client.hset(self.keys.state, "rate", text))
+        self.reclaim()
+        return rates
+
+    def throttled(
+        self, retry_after: float | None = None, *, fencing_token: int | None = None
+    ) -> ThrottleResult:
+        """The downstream service refused a call (429, 503): tell every client of this
+        semaphore, in one round trip.
+
+        * ``retry_after`` (seconds, e.g. the response's Retry-After): nobody starts until
+          that long from now, on the Redis server's clock (a longer pause already set is
+          kept); waiters keep their places and wake by themselves when it ends.
+        * With ``adaptive=True``: the limit now in force is halved (floor, at least 1),
+          once per congestion episode: not again for a call granted before the last
+          decrease (``fencing_token``, as :meth:`Permit.throttled` passes it), nor, without
+          a fencing token, within max(``retry_after``, 1 s, the hold-time average) of it.
+
+        Every call counts in :attr:`Snapshot.throttles_total`.
+        """
+        pause = _validate.optional_non_negative_seconds("retry_after", retry_after)
+        fence = 0
+        if fencing_token is not None:
+            fence = _validate.positive_int("fencing_token", fencing_token)
+        retry_ms = 0 if pause is None else math.ceil(pause * 1000)
+        adaptive = 1 if self.adaptive else 0
+        numbers = f"{self.limit} {retry_ms} {adaptive} {fence} 1000 {self._aging_ms}"
+        reply = self._run("throttle", [numbers])
+        if len(reply) > 4:
+            self._wake(reply[4:])
+        paused_ms = int(reply[2])
+        return ThrottleResult(
+            decreased=int(reply[0]) == 1,
+            effective_limit=int(reply[1]),
+            paused_for=paused_ms / 1000 if paused_ms > 0 else None,
+            throttles_total=int(reply[3]),
+        )
+
     # -- the public API ---------------------------------------------------------------------
 
     def acquire(
@@ -1091,7 +1209,8 @@ class Semaphore:
             )
         rest = rest[5 * n_parts :]
         rates = []
-        for i in range(int(rest[0]) if rest else 0):
+        n_rates = int(rest[0])
+        for i in range(n_rates):
             count, period_ms, started, opens_ms = rest[1 + 4 * i : 5 + 4 * i]
             rates.append(
                 RateWindowInfo(
@@ -1100,9 +1219,13 @@ class Semaphore:
                     opens_in=max(0, int(opens_ms)) / 1000,
                 )
             )
+        overridden, cwnd, pause_ms, throttles, last_ms = (
+            int(v) for v in rest[1 + 4 * n_rates : 6 + 4 * n_rates]
+        )
+        limit = override if override is not None else self.limit
         return Snapshot(
             name=self.name,
-            limit=override if override is not None else self.limit,
+            limit=limit,
             limit_override=override,
             used=int(reply[1]),
             server_time=now_ms / 1000,
@@ -1113,6 +1236,11 @@ class Semaphore:
             hold_time_avg=int(hold_text) / 1000 if hold_text else None,
             reclaimed_total=int(reply[8]),
             rates=rates,
+            rate_override=[w.rate for w in rates] if overridden else None,
+            adaptive_limit=cwnd if 0 < cwnd < limit else None,
+            paused_for=pause_ms / 1000 if pause_ms > 0 else None,
+            throttles_total=throttles,
+            last_throttle_age=max(0, now_ms - last_ms) / 1000 if last_ms else None,
         )
 
     def available(self) -> int:
@@ -1127,7 +1255,11 @@ class Semaphore:
 
     def __repr__(self) -> str:
         rate = f" rate={[str(r) for r in self.rates]}" if self.rates else ""
-        return f"<Semaphore {self.name!r} limit={self.limit}{rate} prefix={self.key_prefix!r}>"
+        adaptive = " adaptive" if self.adaptive else ""
+        return (
+            f"<Semaphore {self.name!r} limit={self.limit}{rate}{adaptive} "
+            f"prefix={self.key_prefix!r}>"
+        )
 
 
 def _check_attempt(claim: object, wake_data: object, epoch: object) -> None:

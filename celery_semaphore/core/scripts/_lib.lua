@@ -15,7 +15,13 @@
 --                                    ever; absent before the first),
 --                                    rate (the rate windows, "<count> <period ms> ..." by
 --                                    period; written by acquire.lua, the last acquirer's
---                                    counts; absent: no rate)
+--                                    counts; absent: no rate; "=<count> <period ms> ...": a
+--                                    runtime rate override, which acquire.lua never
+--                                    overwrites: only set_rate_override(None) removes it),
+--                                    aimd (the adaptive state, see "Adaptive limits" below;
+--                                    absent: the limit is not lowered and nothing paused),
+--                                    throttles ("<total> <last ms>": throttle.lua calls ever
+--                                    and the server time of the last; absent before the first)
 --                         'h:'..token   a holder:  "<weight> <fence> <acquired ms> <aside>
 --                                                   <#claim> <#partition> <claim><partition><owner>"
 --                                       (aside: 1 when its grant set a tombstone aside)
@@ -53,6 +59,18 @@
 --                         handler for their wake data), else '0': parked waiters are then not
 --                         named (nor marked woken), and stay for a caller that can.
 --
+-- Adaptive limits (docs/concepts.md, "Adaptive limits"): the state's 'aimd' field is
+--   "<cwnd> <acc> <dec_fence> <dec_until ms> <pause_until ms>":
+--     cwnd        the lowered limit (0: not lowered); grants obey min(cwnd, the limit)
+--     acc         units released successfully since cwnd last grew (+1 once acc reaches cwnd)
+--     dec_fence   the grant counter at the last decrease: only permits granted after it (a
+--                 higher fencing token) count as successes, or lower cwnd again
+--     dec_until   until then a throttle without a permit lowers nothing (same episode)
+--     pause_until nobody starts before this server time
+--   Written by throttle.lua (the decrease, the pause) and by releases (the increase); removed
+--   by begin() once cwnd is 0 and both times have passed.  Read by begin() with the counters:
+--   without it, the only cost of the feature is that one field of the HMGET.
+--
 -- All time is the Redis server's TIME in integer milliseconds; no client clock is trusted.
 -- Replies contain integers and strings only (RESP3 truncates Lua floats).
 --
@@ -79,6 +97,9 @@ local rate, rate_total, rate_last, rate_arg, rate_stored = false, 0, 0, nil, fal
 -- Set by entitled(): the rate left free units unserved (see name_heads()); name_rate_heads:
 -- collect_wakes() then names the heads (a script whose caller is a waiter polling turns it off).
 local rate_blocked, name_rate_heads = false, true
+-- The adaptive state, set by begin(): false (no 'aimd' field), or {cwnd, acc, fence, till,
+-- pause} (see "Adaptive limits" above).
+local aimd = false
 
 -- Group scripts work on several semaphores, four KEYS each (member i: KEYS[4i-3 .. 4i]); use(i)
 -- makes member i the one every function here works on, keeping each member's counters.
@@ -86,15 +107,15 @@ local members, current = {}, 1
 local function use(i)
   if i == current then return end
   members[current] = {used, limit_override, waiting, reclaimed, pused, default_record, rate,
-                      rate_total, rate_last, rate_stored}
+                      rate_total, rate_last, rate_stored, aimd}
   K_EXP, K_STATE, K_LINE, K_RATE = KEYS[4 * i - 3], KEYS[4 * i - 2], KEYS[4 * i - 1], KEYS[4 * i]
   local saved = members[i]
   if saved then
     used, limit_override, waiting, reclaimed, pused, default_record, rate, rate_total,
-      rate_last, rate_stored = unpack(saved, 1, 10)
+      rate_last, rate_stored, aimd = unpack(saved, 1, 11)
   else
     used, limit_override, waiting, reclaimed, pused, default_record = 0, false, 0, 0, 0, false
-    rate, rate_total, rate_last, rate_stored = false, 0, 0, false
+    rate, rate_total, rate_last, rate_stored, aimd = false, 0, 0, false, false
   end
   current = i
 end
@@ -245,14 +266,20 @@ local function reclaim(expired, vals, ...)
   for i = 1, #fields do
     local f = fields[i]
     if gone[f] then
-      vals[i + 5] = false
+      vals[i + 6] = false
     elseif string.sub(f, 1, 2) == 'p:' and parts[string.sub(f, 3)] then
-      vals[i + 5] = redis.call('HGET', K_STATE, f)
+      vals[i + 6] = redis.call('HGET', K_STATE, f)
     end
   end
 end
 
--- The rate windows of a rate text ("<count> <period ms> ..."), or false for ''.
+-- Is this stored rate text a runtime override ("=...")?
+local function rate_overridden(text)
+  return text and string.sub(text, 1, 1) == '='
+end
+
+-- The rate windows of a rate text ("<count> <period ms> ...", an override's with a leading
+-- '='), or false for ''.
 local function parse_rate(text)
   if not text or text == '' then return false end
   local windows, max_p, min_n = {}, 0, math.huge
@@ -278,10 +305,15 @@ local function begin(...)
   if redis.call('ZCOUNT', K_EXP, '-inf', now_text) > 0 then
     expired = redis.call('ZRANGEBYSCORE', K_EXP, '-inf', now_text, 'LIMIT', 0, 64)
   end
-  local vals = redis.call('HMGET', K_STATE, 'used', 'limit_override', 'pused', 'p:', 'rate', ...)
+  local vals = redis.call('HMGET', K_STATE, 'used', 'limit_override', 'pused', 'p:', 'rate',
+    'aimd', ...)
   waiting = redis.call('ZCARD', K_LINE)
   rate_stored = vals[5]
-  if rate_arg ~= nil then rate = parse_rate(rate_arg) else rate = parse_rate(rate_stored) end
+  if rate_arg ~= nil and not rate_overridden(rate_stored) then
+    rate = parse_rate(rate_arg)
+  else
+    rate = parse_rate(rate_stored)
+  end
   rate_total, rate_last = 0, 0
   if rate then
     local last = redis.call('ZRANGE', K_RATE, -1, -1, 'WITHSCORES')
@@ -295,8 +327,21 @@ local function begin(...)
   limit_override = vals[2]
   pused = tonumber(vals[3]) or 0
   default_record = vals[4]
+  aimd = false
+  if vals[6] then
+    local c, a, f, u, p = string.match(vals[6], '^(%d+) (%d+) (%d+) (%d+) (%d+)$')
+    if c then
+      aimd = {cwnd = tonumber(c), acc = tonumber(a), fence = tonumber(f), till = tonumber(u),
+              pause = tonumber(p)}
+    end
+    -- nothing lowered, paused or remembered any more (or unreadable): forget it
+    if not aimd or (aimd.cwnd == 0 and aimd.pause <= now and aimd.till <= now) then
+      redis.call('HDEL', K_STATE, 'aimd')
+      aimd = false
+    end
+  end
   if expired then reclaim(expired, vals, ...) end
-  return unpack(vals, 6, 5 + select('#', ...))
+  return unpack(vals, 7, 6 + select('#', ...))
 end
 
 -- Rates (docs/concepts.md, "Rates"): a sliding log of starts, exact to the server's ms.  A
@@ -359,9 +404,60 @@ local function rate_record(w)
   redis.call('PEXPIRE', K_RATE, rate.max_p + 1000)
 end
 
+-- The limit in force: the runtime override, else the caller's.  (An adaptive limit lowers
+-- only how many units may be granted now: see adaptive_cap(); a weight is checked against
+-- this one.)
 local function effective_limit(client_limit)
   if limit_override then return tonumber(limit_override) end
   return client_limit
+end
+
+-- How many units may be held now under `limit` (the limit in force): the adaptive limit when
+-- it is lower.
+local function adaptive_cap(limit)
+  if aimd and aimd.cwnd > 0 and aimd.cwnd < limit then return aimd.cwnd end
+  return limit
+end
+
+-- Milliseconds until the throttle pause ends (0: no pause).
+local function pause_left()
+  if aimd and aimd.pause > now then return aimd.pause - now end
+  return 0
+end
+
+-- Write the adaptive state back (the field goes once nothing is lowered, paused or
+-- remembered).
+local function store_aimd()
+  local a = aimd
+  if not a then return end
+  if a.cwnd == 0 and a.pause <= now and a.till <= now then
+    redis.call('HDEL', K_STATE, 'aimd')
+    aimd = false
+    return
+  end
+  redis.call('HSET', K_STATE, 'aimd', string.format('%d %d %d %d %d', a.cwnd, a.acc, a.fence,
+    a.till, a.pause))
+end
+
+-- Additive increase: a successful release of `weight` units of a permit with fencing token
+-- `fence`, under `limit` (the limit in force).  Only permits granted after the last decrease
+-- count (those granted before it ran under the old limit: their end says nothing about the
+-- new one, and a throttled one was granted before the decrease it caused or ignored).  cwnd
+-- grows by 1 each time cwnd units have been released this way (TCP's congestion avoidance:
+-- about +1 per round of the limit), and the lowered limit is forgotten once it reaches
+-- `limit`.
+local function aimd_success(weight, fence, limit)
+  local a = aimd
+  if not a or a.cwnd == 0 or fence <= a.fence then return end
+  local acc, cwnd = a.acc + weight, a.cwnd
+  for _ = 1, 64 do  -- bounded: a heavy release may raise it by several, rarely by more
+    if acc < cwnd or cwnd >= limit then break end
+    acc = acc - cwnd
+    cwnd = cwnd + 1
+  end
+  if cwnd >= limit then cwnd, acc = 0, 0 end
+  a.cwnd, a.acc = cwnd, acc
+  store_aimd()
 end
 
 -- Grant `weight` units to `ticket` (weight_text: the same, as sent; fence: the grant counter
@@ -482,13 +578,14 @@ end
 -- field as read, or false; timed: whether this release ends a hold worth timing).  Returns 1
 -- released now, 2 released already (tombstone), 0 not held, 3 held under another claim (claim
 -- '' matches any).  Only a timed release now (1) counts its hold time (now - acquired) into
--- hold_avg: an exponential moving average, alpha 1/8, in integer ms (the first sets it).
-local function release_holder(token, held, claim, tomb_ms, hold_avg, timed)
+-- hold_avg: an exponential moving average, alpha 1/8, in integer ms (the first sets it); and
+-- it is a success for an adaptive limit (see aimd_success(); limit: the limit in force).
+local function release_holder(token, held, claim, tomb_ms, hold_avg, timed, limit)
   if not held then
     if tombstone(token) then return 2 end
     return 0
   end
-  local weight, _, held_claim, aside, part, at = parse_holder(held)
+  local weight, held_fence, held_claim, aside, part, at = parse_holder(held)
   if claim ~= '' and held_claim ~= claim then return 3 end
   -- the holder's member becomes the tombstone (tombstone_ms 0: gone at the next call)
   used = math.max(0, used - weight)
@@ -505,6 +602,7 @@ local function release_holder(token, held, claim, tomb_ms, hold_avg, timed)
   if aside then redis.call('ZREM', K_EXP, 'd:' .. token) end  -- this release's counts now
   if part ~= '' then set_pused(math.max(0, pused - weight)) end
   if part ~= '' or default_record then part_changed(part, weight) end
+  if timed and aimd then aimd_success(weight, held_fence, limit) end
   return 1
 end
 
@@ -532,9 +630,17 @@ end
 -- first batch (as many as the free units, at most 16), and one HMGET per batch looked at.
 local function entitled(limit, aging)
   local out = {}
-  local free = limit - used
+  -- an adaptive limit lowers the units that may be held; a waiter heavier than it (not than
+  -- `limit`) may still start alone, when nothing is held (else it could never start)
+  local free = adaptive_cap(limit) - used
+  local alone = used == 0 and free < limit
   rate_blocked = false
   if waiting <= 0 or free <= 0 then return out end
+  if aimd and pause_left() > 0 then
+    -- a throttle pause: nobody starts; the heads learn when it ends (see name_heads())
+    rate_blocked = true
+    return out
+  end
   -- with a rate, a second budget: the weight that may start now (see rate_budget())
   local rate_free = rate and rate_budget() or math.huge
   if rate_free <= 0 then
@@ -614,6 +720,7 @@ local function entitled(limit, aging)
 
   local function serve(p, h)
     out[#out + 1] = {h[2], h[3]}
+    alone = false
     free = free - h[3].w
     rate_free = rate_free - h[3].w
     p.used = p.used + h[3].w
@@ -632,8 +739,8 @@ local function entitled(limit, aging)
       local w = info.w
       if w > limit or (p.cap and w > p.cap) or w > never then
         p.at = p.at + 1  -- can never fit
-      elseif info.wk == 0 or now - info.wk >= info.g or w > free or w > rate_free
-          or (p.cap and p.used + w > p.cap) then
+      elseif info.wk == 0 or now - info.wk >= info.g or (w > free and not alone)
+          or w > rate_free or (p.cap and p.used + w > p.cap) then
         break
       else
         serve(p, h)
@@ -664,7 +771,7 @@ local function entitled(limit, aging)
       best.at = best.at + 1  -- can never fit
     elseif best.cap and best.used + w > best.cap then
       best.done = true
-    elseif w > free or w > rate_free then
+    elseif (w > free and not alone) or w > rate_free then
       if now - tonumber(info.since) >= aging then break end
       best.done = true
     else

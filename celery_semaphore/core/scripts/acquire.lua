@@ -28,7 +28,8 @@
 -- ARGV[5]  data           wake data for a parked waiter ('' = a blocked waiter, woken by list)
 -- ARGV[6]  partition      the waiter's partition ('' = the default one)
 -- ARGV[7]  rate           the rate windows, "<count> <period ms> ..." ('' = no rate); stored
---                         as the state's 'rate' (the last acquirer's counts for every script)
+--                         as the state's 'rate' (the last acquirer's counts for every script),
+--                         unless a runtime rate override is stored there: that one counts
 --
 -- Returns {status, n1, n2, n3, n4, n5, wake pairs...}:
 --   status 1 granted now           n1 fencing token, n2 lease expiry ms, n3 server now ms
@@ -40,9 +41,11 @@
 --   status 6 weight over limit     n1 effective limit
 --   status 7 not granted, no place kept (place_ttl_ms = 0)
 --   status 8 stale epoch           n1 epoch of the place
---   n4 = effective limit; n5 = for status 5, ms until every rate window has room for this
---   waiter's weight (0: it has room now, or no rate; -1: never); then ticket, data pairs of
---   other waiters to wake.
+--   n4 = effective limit (the runtime override, else the caller's; an adaptive limit lowers
+--   only the units that may be held now, not this); n5 = for status 5, ms until every rate
+--   window has room for this waiter's weight and a throttle pause is over (0: both are so
+--   now, or no rate and no pause; -1: never); then ticket, data pairs of other waiters to
+--   wake.
 
 local ticket, claim, owner, data, part = ARGV[1], ARGV[3], ARGV[4], ARGV[5], ARGV[6]
 local weight, client_limit, lease_ms, place_ttl, grace, epoch, check_done, cap, part_weight,
@@ -64,7 +67,7 @@ name_rate_heads = false  -- the caller is a waiter: it does not wake the heads o
 local held, raw, fence, part_raw = begin('h:' .. ticket, 'w:' .. ticket, 'fence', 'p:' .. part)
 fence = tonumber(fence) or 0
 local limit = effective_limit(client_limit)
-if rate_arg ~= (rate_stored or '') then
+if rate_arg ~= (rate_stored or '') and not rate_overridden(rate_stored) then
   if rate then
     redis.call('HSET', K_STATE, 'rate', rate_arg)
   else
@@ -102,8 +105,11 @@ end
 local record, part_used = partition_record(part, part_raw, cap, part_weight)
 local room = cap < 0 or part_used + weight <= cap
 
--- Fast path: nobody in line and room enough, so the grant cannot pass anyone.
-if waiting == 0 and used + weight <= limit and room and (not rate or rate_budget() >= weight) then
+-- Fast path: nobody in line and room enough, so the grant cannot pass anyone.  (With an
+-- adaptive state, room under its lowered limit, or alone, and no pause: see entitled().)
+local fits = used + weight <= limit
+if aimd then fits = pause_left() == 0 and (used + weight <= adaptive_cap(limit) or used == 0) end
+if waiting == 0 and fits and room and (not rate or rate_budget() >= weight) then
   local granted, expiry =
     grant(ticket, weight, weight_text, claim, owner, lease_ms, fence, part, record)
   return {1, granted, expiry, now, limit, 0}
@@ -133,7 +139,9 @@ end
 
 if place_ttl > 0 then
   redis.call('ZADD', K_EXP, now + place_ttl, 'w:' .. ticket)
-  return finish({5, position(ticket, info), epoch, now, limit, rate_wait(weight)}, list)
+  local retry = rate_wait(weight)
+  if retry >= 0 and aimd then retry = math.max(retry, pause_left()) end
+  return finish({5, position(ticket, info), epoch, now, limit, retry}, list)
 end
 drop_waiter(ticket, info)
 -- Leaving the line (a ticket that had a place and now asks not to keep it) can hand the units

@@ -8,7 +8,8 @@
 -- ARGV[4] limits    each member's limit (the caller's; a runtime override wins), in order
 --
 -- Returns {member count m, m statuses (as release.lua's), wake triples (member index, ticket,
--- data)...}.  Each member released now (timed) updates its own moving average of hold times.
+-- data)...}.  Each member released now (timed) updates its own moving average of hold times
+-- (and its adaptive limit, when one is lowered: see release_holder()).
 local token, claim = ARGV[1], ARGV[3]
 local tomb_ms, grace, aging, timed = string.match(ARGV[2], '^(%S+) (%S+) (%S+) ([01])$')
 tomb_ms, grace, aging = tonumber(tomb_ms), tonumber(grace), tonumber(aging)
@@ -29,7 +30,8 @@ end
 local out, wakes = {m}, {}
 for i = 1, m do
   use(i)
-  out[#out + 1] = release_holder(token, held[i], claim, tomb_ms, avgs[i], timed)
+  out[#out + 1] = release_holder(token, held[i], claim, tomb_ms, avgs[i], timed,
+    effective_limit(limits[i]))
   if waiting > 0 then
     local found = collect_wakes(entitled(effective_limit(limits[i]), aging), '', grace, {})
     for j = 1, #found, 2 do

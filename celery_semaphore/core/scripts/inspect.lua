@@ -16,7 +16,10 @@
 --                   (repeated, by name; those with live holders or waiters),
 --          rate window count,
 --          rate windows: count, period ms, weight started in the window, ms until it has
---                   room for one more start (0: now) (repeated, as stored: by period)}.
+--                   room for one more start (0: now) (repeated, as stored: by period),
+--          1 when those windows are a runtime rate override (else 0),
+--          the adaptive limit (0: not lowered), ms until the throttle pause ends (0: none),
+--          throttles so far, server ms of the last throttle (0: none)}.
 -- `used` counts only live holders.  Read-only, so it needs no care about the order of reads.
 -- Cost: one pass over the state hash (live holders, waiters and partitions only; tombstones are
 -- not there).
@@ -27,6 +30,7 @@ local order = redis.call('ZRANGE', K_LINE, 0, -1)
 
 local fields, holder_fields, override, fence, hold_avg, reclaimed_total = {}, {}, '', 0, '', 0
 local records = {}
+local rate_is_override, cwnd, pause, throttles, last_throttle = 0, 0, 0, 0, 0
 for i = 1, #state, 2 do
   local field = state[i]
   local kind = string.sub(field, 1, 2)
@@ -44,6 +48,13 @@ for i = 1, #state, 2 do
     reclaimed_total = tonumber(state[i + 1]) or 0
   elseif field == 'rate' then
     rate = parse_rate(state[i + 1])
+    if rate_overridden(state[i + 1]) then rate_is_override = 1 end
+  elseif field == 'aimd' then
+    local c, p = string.match(state[i + 1], '^(%d+) %d+ %d+ %d+ (%d+)$')
+    cwnd, pause = tonumber(c) or 0, tonumber(p) or 0
+  elseif field == 'throttles' then
+    local n, at = string.match(state[i + 1], '^(%d+) (%d+)$')
+    throttles, last_throttle = tonumber(n) or 0, tonumber(at) or 0
   end
 end
 
@@ -161,4 +172,9 @@ if rate then
 else
   reply[#reply + 1] = 0
 end
+reply[#reply + 1] = rate_is_override
+reply[#reply + 1] = cwnd
+reply[#reply + 1] = math.max(0, pause - now)
+reply[#reply + 1] = throttles
+reply[#reply + 1] = last_throttle
 return reply

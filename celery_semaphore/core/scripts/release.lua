@@ -22,7 +22,8 @@
 --
 -- Returns {status, wake pairs...}: status 1 released now, 2 released already (tombstone),
 -- 0 not held (lost to lease expiry or never granted), 3 held under another claim.  A timed
--- release now (1) updates the moving average of hold times (see release_holder()).  With
+-- release now (1) updates the moving average of hold times and counts as a success for an
+-- adaptive limit (see release_holder()).  With
 -- handoff_ms > 0 the reply is {status, n, n handoffs as ticket, wake data, fencing token, lease
 -- expiry ms, claim, then the wake pairs}: the claim the grant was made under, which only the
 -- waiter and this script know, lets the receiver tell a real handoff from a forged one.
@@ -38,7 +39,7 @@ end
 local held, hold_avg, fence = begin('h:' .. token, 'hold_avg', 'fence')
 
 local status = release_holder(token, held or false, claim, tomb_ms, hold_avg or false,
-  timed == '1')
+  timed == '1', effective_limit(client_limit))
 
 if handoff_ms <= 0 or not CAN_DISPATCH then
   if waiting == 0 then return {status} end  -- nobody in line: nobody to wake
