@@ -34,6 +34,7 @@ if TYPE_CHECKING:
     from .integration.body import checkpoint, current_permits
     from .integration.decorators import limited
     from .integration.task import LimitedTask
+    from .integration.throttle import throttled
 
 # The core primitive (and redis-py with it) is imported on first use too: every `celery`
 # command imports this package, because the `celery semaphore` plugin lives in it.
@@ -59,6 +60,7 @@ _CELERY_LAYER = {
     "LimitedTask": ("integration.task", "LimitedTask"),
     "checkpoint": ("integration.body", "checkpoint"),
     "current_permits": ("integration.body", "current_permits"),
+    "throttled": ("integration.throttle", "throttled"),
 }
 
 
@@ -98,6 +100,7 @@ except PackageNotFoundError:  # pragma: no cover - running from a plain checkout
 __all__ = [
     # the Celery layer
     "LimitedTask",
+    "throttled",
     "checkpoint",
     "current_permits",
     "limited",

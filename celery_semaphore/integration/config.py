@@ -388,7 +388,7 @@ def _rates_setting(param: str, value: object) -> dict[str, tuple[Rate, ...]] | N
 
 
 #: options of ``@limited`` that are not app settings (see :mod:`.spec`)
-SPEC_OPTIONS = ("weight", "rate", "partition", "queue_limits", "queue_weights")
+SPEC_OPTIONS = ("weight", "rate", "adaptive", "partition", "queue_limits", "queue_weights")
 
 #: the largest partition weight the core accepts
 MAX_PARTITION_WEIGHT = _validate.MAX_PARTITION_WEIGHT

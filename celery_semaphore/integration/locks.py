@@ -124,14 +124,19 @@ SEMAPHORE_CACHE = 1000
 
 
 def semaphore_for(
-    app: Any, name: str, limit: int, lease_ttl: float, rates: tuple[Rate, ...] = ()
+    app: Any,
+    name: str,
+    limit: int,
+    lease_ttl: float,
+    rates: tuple[Rate, ...] = (),
+    adaptive: bool = False,
 ) -> Semaphore:
     """The (cached) Semaphore for ``name`` under ``app``'s settings, in this process."""
     conf = app.conf
     url = config.redis_url_for(conf)
     prefix = config.setting(conf, "semaphore_key_prefix", "celery_semaphore")
     hash_tag = config.setting(conf, "semaphore_hash_tag", None)
-    key = (os.getpid(), url, prefix, hash_tag, name, limit, lease_ttl, rates, id(app))
+    key = (os.getpid(), url, prefix, hash_tag, name, limit, lease_ttl, rates, adaptive, id(app))
     now = clock.monotonic()
     with _cache_lock:
         found = _semaphores.get(key)
@@ -150,6 +155,7 @@ def semaphore_for(
         hash_tag=hash_tag,
         on_handoff=router.handoff,
         rate=rates or None,
+        adaptive=adaptive,
     )
     with _cache_lock:
         sem = _semaphores.setdefault(key, (sem, now))[0]
@@ -177,7 +183,8 @@ _groups: OrderedDict[tuple[Any, ...], GroupLock] = OrderedDict()
 def lock_for(app: Any, plan: Plan, lease_ttl: float) -> Lock:
     """The lock a call takes: its one semaphore, or a group of all of them (cached)."""
     members = tuple(
-        (semaphore_for(app, t.name, t.limit, lease_ttl, t.rates), t.weight) for t in plan.targets
+        (semaphore_for(app, t.name, t.limit, lease_ttl, t.rates, t.member.adaptive), t.weight)
+        for t in plan.targets
     )
     if len(members) == 1:
         return members[0][0]

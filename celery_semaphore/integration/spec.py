@@ -9,7 +9,7 @@ call of the task takes is worked out by :mod:`.targets`.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Final
 
 from ..core import _validate
@@ -67,6 +67,8 @@ class Member:
     #: the rate windows in code (``rate=``); with ``rate_by``, decided per call
     rates: tuple[Rate, ...] = ()
     rate_by: PerCall | None = None
+    #: ``adaptive=True``: ``throttled()`` lowers the limit (AIMD, see the core)
+    adaptive: bool = False
 
     @property
     def dynamic_name(self) -> bool:
@@ -134,6 +136,12 @@ class LimitSpec:
         opts = dict(options)
         weight = opts.pop("weight", 1)
         rate = opts.pop("rate", None)
+        adaptive = opts.pop("adaptive", False)
+        if not isinstance(adaptive, bool):
+            raise TypeError(
+                f"{where}: adaptive must be True or False, got {type(adaptive).__name__} "
+                f"{adaptive!r}"
+            )
         partition = opts.pop("partition", QUEUE)
         queue_limits = opts.pop("queue_limits", None)
         queue_weights = opts.pop("queue_weights", None)
@@ -150,7 +158,7 @@ class LimitSpec:
         weights = _per_name("weight", weight, names, where)
         rates = _per_name("rate", rate, names, where)
         members = tuple(
-            _member(n, lim, w, r, caps, where)
+            replace(_member(n, lim, w, r, caps, where), adaptive=adaptive)
             for n, lim, w, r in zip(names, limits, weights, rates, strict=True)
         )
         _check_distinct(members, where)
@@ -243,6 +251,12 @@ def _by_key(name: str, value: Mapping[Any, Any]) -> bool:
 
 
 def _check_group_rates(members: tuple[Member, ...], where: str) -> None:
+    if len(members) > 1 and any(m.adaptive for m in members):
+        raise ValueError(
+            f"{where}: adaptive=True is not accepted on a task that takes several semaphores "
+            f"at once ({', '.join(repr(m.name) for m in members)}): a group does not adapt its "
+            "limits yet; make the task take one semaphore, or leave adaptive out"
+        )
     if len(members) > 1 and any(m.rates or m.rate_by is not None for m in members):
         raise ValueError(
             f"{where}: rate= is not accepted on a task that takes several semaphores at once "

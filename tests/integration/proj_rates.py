@@ -10,8 +10,8 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from celery_semaphore import Rate, limited
-from tests.integration.proj import LEASE, Body, app
+from celery_semaphore import Rate, limited, throttled
+from tests.integration.proj import LEASE, PREFIX, Body, app, bookkeeping
 
 _MOD = "tests.integration.proj_rates"
 
@@ -67,3 +67,42 @@ def per_tier_rate(self: Any, tier: str, tag: str, seconds: float = 0.02) -> str:
     with Body(f"{tier}/{tag}", f"tier-{tier}"):
         time.sleep(seconds)
     return tag
+
+
+# -- a fake downstream service that refuses calls above its capacity (adaptive limits) ------
+
+SERVICE = f"{PREFIX}:svc"
+
+
+def _call_service(kind: str) -> bool:
+    """One call of 0.1 s to the fake service, counted in Redis: refused (False) when more
+    than ``<svc>:capacity`` calls are in flight, as a 429 would be."""
+    r = bookkeeping()
+    capacity = int(r.get(f"{SERVICE}:capacity") or 3)
+    inflight = int(r.incr(f"{SERVICE}:inflight:{kind}"))
+    try:
+        if inflight > capacity:
+            r.incr(f"{SERVICE}:refused:{kind}")
+            return False
+        time.sleep(0.1)
+        r.incr(f"{SERVICE}:ok:{kind}")
+        return True
+    finally:
+        r.decr(f"{SERVICE}:inflight:{kind}")
+
+
+@app.task(bind=True, name=f"{_MOD}.adaptive_call")
+@limited("svc-adaptive", limit=10, adaptive=True, lease_ttl=LEASE)
+def adaptive_call(self: Any, tag: str) -> bool:
+    """Calls the service; on a refusal tells the semaphore (which halves its limit)."""
+    ok = _call_service("adaptive")
+    if not ok:
+        throttled(retry_after=0.2)
+    return ok
+
+
+@app.task(bind=True, name=f"{_MOD}.fixed_call")
+@limited("svc-fixed", limit=10, lease_ttl=LEASE)
+def fixed_call(self: Any, tag: str) -> bool:
+    """The same calls under a fixed limit: nothing backs off."""
+    return _call_service("fixed")
