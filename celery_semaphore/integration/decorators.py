@@ -50,7 +50,7 @@ def limited(
 
     For a name template (``"llm:{customer_id}"``), ``limit`` and ``rate`` may be per key: a
     callable of the call's bound arguments, or a table by concrete name with glob patterns
-    and a ``"*"`` default (:mod:`~celery_semaphore.integration.bykey`).
+    and a ``"*"`` default (see "A limit per key" in the task options docs).
 
     ``name`` may be a list: the task takes every one of those semaphores at once, all or
     nothing (``limit`` is then one int for all, or a dict name -> limit); so does a task with
