@@ -162,7 +162,7 @@ class LimitSpec:
             for n, lim, w, r in zip(names, limits, weights, rates, strict=True)
         )
         _check_distinct(members, where)
-        _check_group_rates(members, where)
+        _check_group_options(members, where)
         return cls(
             members,
             opts,
@@ -175,7 +175,7 @@ class LimitSpec:
         the semaphores of both at once.  Options given in both must agree."""
         members = self.members + other.members
         _check_distinct(members, where)
-        _check_group_rates(members, where)
+        _check_group_options(members, where)
         options = dict(self.options)
         for key, value in other.options.items():
             if key in options and options[key] != value:
@@ -250,7 +250,7 @@ def _by_key(name: str, value: Mapping[Any, Any]) -> bool:
         return False
 
 
-def _check_group_rates(members: tuple[Member, ...], where: str) -> None:
+def _check_group_options(members: tuple[Member, ...], where: str) -> None:
     if len(members) > 1 and any(m.adaptive for m in members):
         raise ValueError(
             f"{where}: adaptive=True is not accepted on a task that takes several semaphores "
