@@ -906,13 +906,17 @@ class Semaphore:
         self, rate: str | Rate | Sequence[str | Rate] | None
     ) -> tuple[Rate, ...] | None:
         """Store runtime rate windows in Redis that every client of this semaphore obeys in
-        place of the ``rate=`` its acquirers send (None clears it: the next acquire stores
-        its own ``rate=`` again, or none).  Takes what ``rate=`` takes; returns the parsed
-        windows (None when cleared).  A waiter heavier than the override's smallest count
-        cannot start until the override is raised or cleared."""
+        place of the ``rate=`` its acquirers send (None clears the override, and only it:
+        the next acquire stores its own ``rate=`` again, or none).  Takes what ``rate=``
+        takes; returns the parsed windows (None when cleared).  A waiter heavier than the
+        override's smallest count cannot start until the override is raised or cleared."""
         rates = parse_rates("rate", rate)
         if not rates:
-            self._call(lambda: self.client.hdel(self.keys.state, "rate"))
+            # only an override is removed (acquires never write one, so nothing else can
+            # replace it between these two calls); an acquirer's rate stays
+            stored = self._call(lambda: self.client.hget(self.keys.state, "rate"))
+            if stored is not None and _text(stored).startswith("="):
+                self._call(lambda: self.client.hdel(self.keys.state, "rate"))
             self.reclaim()
             return None
         text = "=" + encode_rates(rates)

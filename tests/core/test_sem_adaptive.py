@@ -465,6 +465,8 @@ def test_the_rate_override_is_obeyed_by_every_client_and_cleared(
     snap = plain.inspect()
     assert snap.rate_override is None
     assert [w.rate for w in snap.rates] == [Rate(100, 1.0)]
+    assert fast.set_rate_override(None) is None  # no override: the acquirer's rate stays
+    assert [w.rate for w in plain.inspect().rates] == [Rate(100, 1.0)]
     for p in [*started, third]:
         assert p is not None
         p.release()
