@@ -61,6 +61,7 @@ def _check(exc_info: pytest.ExceptionInfo[Exception], param: str, value: object)
         ({"redis": {"host": "x"}}, TypeError, "redis", {"host": "x"}),
         ({"key_prefix": "a{b}"}, ValueError, "key_prefix", "a{b}"),
         ({"key_prefix": 1}, TypeError, "key_prefix", 1),
+        ({"adaptive": 1}, TypeError, "adaptive", 1),
     ],
 )
 def test_bad_constructor_arguments(
@@ -96,6 +97,13 @@ def test_bad_constructor_arguments(
         (lambda s: s.refresh_token("t", lease_ttl=-2), ValueError, "lease_ttl", -2),
         (lambda s: s.set_limit_override(0), ValueError, "limit", 0),
         (lambda s: s.set_limit_override(1.5), TypeError, "limit", 1.5),
+        (lambda s: s.throttled(-1), ValueError, "retry_after", -1),
+        (lambda s: s.throttled(math.nan), ValueError, "retry_after", math.nan),
+        (lambda s: s.throttled("5"), TypeError, "retry_after", "5"),
+        (lambda s: s.throttled(fencing_token=0), ValueError, "fencing_token", 0),
+        (lambda s: s.throttled(fencing_token=1.0), TypeError, "fencing_token", 1.0),
+        (lambda s: s.set_rate_override("10"), ValueError, "rate", "10"),
+        (lambda s: s.set_rate_override(3.5), TypeError, "rate", 3.5),
     ],
 )
 def test_bad_call_arguments_fail_before_touching_redis(
@@ -201,6 +209,8 @@ def _operations(sem: Semaphore) -> list[Callable[[], object]]:
         lambda: sem.withdraw("waiter"),
         lambda: sem.reclaim(),
         lambda: sem.inspect(),
+        lambda: sem.throttled(retry_after=5.0),
+        lambda: sem.throttled(fencing_token=1),
     ]
 
 
