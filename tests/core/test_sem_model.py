@@ -13,6 +13,9 @@ and place expiry are injected deterministically by setting a score in Redis to 0
 next operation reclaims.  A third run makes every waiter take handoffs (its wake data ends with
 ``HANDOFF_MARK``, its claim in its owner): then a release grants the units it frees to the
 waiters entitled to them, in the order the rule serves them, and the model does the same.
+Throttles through a permit's fencing token (docs/concepts.md "Adaptive limits", without a
+pause: that is timed) halve the units that may be held once per congestion episode, and every
+release of a permit granted after the decrease raises them again.
 """
 
 from __future__ import annotations
@@ -78,10 +81,44 @@ class Model:
     released: set[str] = field(default_factory=set)  # tombstones
     named: set[str] = field(default_factory=set)  # waiters named in a wake-up since they queued
     fence: int = 0
+    # the adaptive limit: lowered limit (0: not lowered), successes counted toward +1, and the
+    # grant counter at the last decrease
+    cwnd: int = 0
+    acc: int = 0
+    dec_fence: int = 0
 
     @property
     def effective(self) -> int:
         return self.override if self.override is not None else self.limit
+
+    @property
+    def cap_now(self) -> int:
+        """The units that may be held now: the adaptive limit when it is lower."""
+        return self.cwnd if 0 < self.cwnd < self.effective else self.effective
+
+    def throttle(self, fence: int, decreased: bool) -> bool:
+        """A throttle through a permit with this fencing token; ``decreased``: what the
+        semaphore did, accepted where the rule leaves it to time (a limit that is not lowered
+        forgets its last decrease once the episode's time has passed).  Returns whether the
+        model lowered the limit."""
+        if fence <= self.dec_fence and (self.cwnd > 0 or not decreased):
+            return False
+        self.cwnd = max(1, self.cap_now // 2)
+        if self.cwnd >= self.effective:
+            self.cwnd = 0
+        self.acc = 0
+        self.dec_fence = self.fence
+        return True
+
+    def succeeded(self, weight: int, fence: int) -> None:
+        if self.cwnd == 0 or fence <= self.dec_fence:
+            return
+        self.acc += weight
+        while self.acc >= self.cwnd and self.cwnd < self.effective:
+            self.acc -= self.cwnd
+            self.cwnd += 1
+        if self.cwnd >= self.effective:
+            self.cwnd = self.acc = 0
 
     @property
     def used(self) -> int:
@@ -102,7 +139,9 @@ class Model:
 
     def entitled(self) -> list[str]:
         limit = self.effective
-        free = limit - self.used
+        free = self.cap_now - self.used
+        # a head heavier than the adaptive limit may start alone, when nothing is held
+        alone = self.used == 0 and free < limit
         out: list[str] = []
         if not self.waiters or free <= 0:
             return out
@@ -115,7 +154,9 @@ class Model:
         seq = {w.ticket: i for i, w in enumerate(self.waiters)}
 
         def fits(p: Part, head: Waiter) -> bool:
-            return head.weight <= free and (p.cap is None or p.used + head.weight <= p.cap)
+            return (head.weight <= free or alone) and (
+                p.cap is None or p.used + head.weight <= p.cap
+            )
 
         def never_fits(p: Part, head: Waiter) -> bool:
             return head.weight > limit or (p.cap is not None and head.weight > p.cap)
@@ -130,6 +171,7 @@ class Model:
                     p.at += 1
                 elif head.ticket in self.named and fits(p, head):
                     out.append(head.ticket)
+                    alone = False
                     free -= head.weight
                     p.used += head.weight
                     p.at += 1
@@ -153,12 +195,13 @@ class Model:
                 best.at += 1  # can never fit
             elif best.cap is not None and best.used + head.weight > best.cap:
                 best.done = True
-            elif head.weight > free:
+            elif head.weight > free and not alone:
                 if self.aged:
                     break  # the free units are reserved for this head
                 best.done = True
             else:
                 out.append(head.ticket)
+                alone = False
                 free -= head.weight
                 best.used += head.weight
                 best.at += 1
@@ -233,7 +276,8 @@ class Model:
 
     def release(self, ticket: str) -> bool:
         if ticket in self.holders:
-            del self.holders[ticket]
+            weight, fence, _ = self.holders.pop(ticket)
+            self.succeeded(weight, fence)
             self.released.add(ticket)
             self.tidy()
             return True
@@ -259,6 +303,7 @@ class SemaphoreMachine(RuleBasedStateMachine):
             on_wake=self._on_wake,
             aging=self.aging,
             on_handoff=self._on_handoff if self.handoff else None,
+            adaptive=True,
         )
         self.model = Model(aged=self.aging == 0)
         self.last_fence = 0
@@ -421,6 +466,17 @@ class SemaphoreMachine(RuleBasedStateMachine):
         self.model.override = limit
         self._check_wakes()
 
+    @rule(data=st.data())
+    def throttle(self, data: st.DataObject) -> None:
+        self._begin()
+        # the fencing token of any permit granted so far, held or not
+        fence = data.draw(st.integers(min_value=1, max_value=max(1, self.model.fence)))
+        result = self.sem.throttled(fencing_token=fence)
+        assert result.decreased is self.model.throttle(fence, result.decreased), self.model
+        assert result.effective_limit == self.model.cap_now
+        assert result.paused_for is None
+        self._check_wakes()
+
     @rule()
     def reclaim(self) -> None:
         self._begin()
@@ -450,7 +506,9 @@ class SemaphoreMachine(RuleBasedStateMachine):
         ]
         assert [(p.name, p.used, p.waiters, p.cap, p.weight) for p in snap.partitions] == parts
         assert snap.used == self.model.used
-        assert snap.available == max(0, self.model.effective - self.model.used)
+        assert snap.available == max(0, self.model.cap_now - self.model.used)
+        assert snap.effective_limit == self.model.cap_now
+        assert snap.adaptive_limit == (self.model.cwnd if self.model.cap_now < snap.limit else None)
         # the counter the scripts keep agrees, counting leases expired by the last rule (which
         # the next operation reclaims)
         raw = self.client.hget(self.sem.keys.state, "used")
