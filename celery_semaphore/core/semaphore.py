@@ -924,6 +924,15 @@ class Semaphore:
         self.reclaim()
         return rates
 
+    def clear_throttle(self) -> bool:
+        """End a throttle pause and forget an adaptive limit now, for every client (an
+        operator's reset: the configured limit, or ``limit_override``, is in force again), and
+        wake the waiters the free units belong to.  True when there was something to clear.
+        :attr:`Snapshot.throttles_total` is kept."""
+        removed = self._call(lambda: self.client.hdel(self.keys.state, "aimd"))
+        self.reclaim()
+        return bool(removed)
+
     def throttled(
         self, retry_after: float | None = None, *, fencing_token: int | None = None
     ) -> ThrottleResult:

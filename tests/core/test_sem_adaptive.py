@@ -235,6 +235,35 @@ def test_partitions_keep_their_shares_across_a_pause(make_semaphore: SemaphoreFa
     assert got.index("a2") < got.index("a3")  # FIFO within a partition
 
 
+@pytest.mark.timeout(30)
+def test_clear_throttle_ends_the_pause_and_the_lowered_limit_and_wakes_the_waiters(
+    make_semaphore: SemaphoreFactory,
+) -> None:
+    sem = make_semaphore("clear", 4, adaptive=True, poll_interval=30.0)
+    assert not sem.clear_throttle()  # nothing to clear
+    assert sem.throttled(retry_after=3600.0).effective_limit == 2
+    got = threading.Event()
+
+    def waiter() -> None:
+        permit = sem.acquire(timeout=10)
+        if permit is not None:
+            got.set()
+            permit.release()
+
+    thread = threading.Thread(target=waiter, daemon=True)
+    thread.start()
+    time.sleep(0.2)
+    assert not got.is_set()  # paused for an hour
+    started = time.monotonic()
+    assert sem.clear_throttle()
+    assert got.wait(5)
+    assert time.monotonic() - started < 1.0  # woken, not polled (poll_interval is 30 s)
+    thread.join(timeout=5)
+    snap = sem.inspect()
+    assert (snap.effective_limit, snap.paused_for, snap.adaptive) == (4, None, False)
+    assert snap.throttles_total == 1
+
+
 # -- the increase ------------------------------------------------------------------------------
 
 
