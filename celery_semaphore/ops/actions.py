@@ -1,5 +1,6 @@
 """The operator's actions on a semaphore, one implementation for the CLI and the web page:
-force-release permits, reset, and set or clear the runtime limit.
+force-release permits, reset, set or clear the runtime limit, and set or clear the runtime
+rate.
 
 Each action is logged and recorded in the audit list (:mod:`.audit`).  The semaphore an action
 works on wakes tasks as a worker's release does (:func:`operable`): a task held by a worker's
@@ -17,7 +18,7 @@ from ..core.semaphore import HolderInfo, Semaphore, Snapshot
 from ..integration.wakes import WakeRouter
 from . import audit, registry, views
 
-__all__ = ["Reset", "force_release", "operable", "reset", "set_limit"]
+__all__ = ["Reset", "force_release", "operable", "parse_rate", "reset", "set_limit", "set_rate"]
 
 
 def operable(
@@ -126,6 +127,54 @@ def set_limit(
         sem.name,
         limit=limit,
         previous=before["limit"],
+        previous_source=before["source"],
+        **detail,
+    )
+    return before, after
+
+
+#: the rate text that clears the runtime rate override (``set-limit NAME --rate none``)
+NO_RATE = "none"
+
+
+def parse_rate(values: Sequence[str]) -> tuple[Any, ...] | None:
+    """The windows of ``values`` (each ``"N/period"``, e.g. ``["60/m", "1000/h"]``; a value
+    may also list several, comma-separated), checked by the core; None for ``["none"]``
+    (clear the override).  Raises the core's ``ValueError``/``TypeError``, which names the
+    parameter (``rate``) and the value, before anything is changed."""
+    from ..core.rates import parse_rates
+
+    items = [part.strip() for value in values for part in str(value).split(",")]
+    if [item.lower() for item in items] == [NO_RATE]:
+        return None
+    if any(item.lower() == NO_RATE for item in items):
+        raise ValueError(
+            f"rate={', '.join(values)!r} is not accepted: 'none' (clear the runtime rate) "
+            "cannot be given with other windows"
+        )
+    return parse_rates("rate", items)  # never empty: every item is checked, "" included
+
+
+def set_rate(
+    client: Any,
+    prefix: str,
+    sem: Semaphore,
+    rates: Sequence[Any] | None,
+    **detail: Any,
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Set (None: clear) the runtime rate override (:meth:`Semaphore.set_rate_override`):
+    every client obeys these windows in place of the ``rate=`` its acquirers send.  The rate
+    info (:func:`views.rate_info`) before and after; recorded like :func:`set_limit`."""
+    before = views.rate_info(sem.inspect())
+    stored = sem.set_rate_override(list(rates) if rates is not None else None)
+    after = views.rate_info(sem.inspect())
+    audit.record(
+        client,
+        prefix,
+        "set-rate" if stored is not None else "clear-rate",
+        sem.name,
+        rate=None if stored is None else ", ".join(str(r) for r in stored),
+        previous=before["rate"],
         previous_source=before["source"],
         **detail,
     )

@@ -1,4 +1,5 @@
-"""Operator actions on semaphores (forced release, reset, runtime limits): who, when, what.
+"""Operator actions on semaphores (forced release, reset, runtime limits and rates): who,
+when, what.
 
 Every such action of ``celery semaphore`` is logged at WARNING on ``celery_semaphore.cli`` and
 appended to a capped list in Redis, so the next operator sees it (``celery semaphore audit``,
@@ -6,8 +7,9 @@ and the last few under ``celery semaphore show NAME``)::
 
     <prefix>:audit   LIST  newest first, at most MAX_ENTRIES JSON entries:
                            {"at": epoch seconds, "action": "release" | "reset" | "set-limit"
-                            | "clear-limit", "name": semaphore, "user": login name,
-                            "host": hostname, "pid": int, "detail": {...}}
+                            | "clear-limit" | "set-rate" | "clear-rate", "name": semaphore,
+                            "user": login name, "host": hostname, "pid": int,
+                            "detail": {...}}
 """
 
 from __future__ import annotations

@@ -256,7 +256,13 @@ def explain(ctx: click.Context, /, task_id: str, name: str | None, as_json: bool
 @semaphore.command(name="set-limit", cls=CeleryCommand)
 @click.argument("name")
 @click.argument("limit", type=click.IntRange(min=1), required=False)
-@click.option("--clear", is_flag=True, help="Remove the runtime override.")
+@click.option("--clear", is_flag=True, help="Remove the runtime limit override.")
+@click.option(
+    "--rate", "rates", multiple=True, metavar="N/PERIOD",
+    help="Set a runtime rate (e.g. 10/s; repeat, or separate by commas, for several "
+    "windows; 'none' clears it).",
+)  # fmt: skip
+@click.option("--clear-rate", is_flag=True, help="Remove the runtime rate override.")
 @click.option(
     "--yes", is_flag=True, help="Do not ask for confirmation when a pattern matches several."
 )
@@ -269,22 +275,48 @@ def set_limit(
     name: str,
     limit: int | None,
     clear: bool,
+    rates: tuple[str, ...],
+    clear_rate: bool,
     yes: bool,
     dry_run: bool,
     **_: Any,
 ) -> None:
-    """Set a runtime limit for NAME that every worker obeys at once (or --clear it).
+    """Set a runtime limit for NAME that every worker obeys at once (or --clear it); with
+    --rate, a runtime rate (or --clear-rate / --rate none to clear it).
 
     NAME may be a glob pattern ('llm:*', 'db-?', 'shard-[0-9]'): every known semaphore it
     matches (as `list` finds them) is changed; when it matches several, it asks first unless
     --yes."""
     from . import actions
 
-    if clear == (limit is not None):
+    if clear and limit is not None:
         raise click.UsageError("give either a LIMIT (an int >= 1) or --clear, not both")
+    if clear_rate and rates:
+        raise click.UsageError("give either --rate or --clear-rate, not both")
+    change_rate = bool(rates) or clear_rate
+    if not clear and limit is None and not change_rate:
+        raise click.UsageError("give a LIMIT (an int >= 1), --clear, --rate or --clear-rate")
+    new_rate = None
+    if rates:
+        try:  # the core's words: they name the parameter and the value; nothing is changed
+            new_rate = actions.parse_rate(rates)
+        except (TypeError, ValueError) as exc:
+            _fail(f"{exc}; nothing changed", EXIT_USAGE)
+    change_limit = clear or limit is not None
     ops = _Ops(ctx)
     entries = _matching(ops, name)
-    what = "clear the runtime override of" if clear else f"set the limit to {limit} on"
+    whats = []
+    if change_limit:
+        whats.append("clear the runtime override of" if clear else f"set the limit to {limit} on")
+    if change_rate:
+        shown_rate = ", ".join(str(r) for r in new_rate) if new_rate is not None else None
+        whats.append(
+            f"set the rate to {shown_rate} on"
+            if shown_rate is not None
+            else "clear the runtime rate of"
+        )
+    what = " and ".join(w.removesuffix(" on").removesuffix(" of") for w in whats[:-1])
+    what = (what + " and " if what else "") + whats[-1]
     if len(entries) > 1 or entries[0].name != name:
         shown = ", ".join(repr(e.name) for e in entries)
         click.echo(f"pattern {name!r} matches {len(entries)} semaphore(s): {shown}")
@@ -302,20 +334,55 @@ def set_limit(
             _fail("set-limit cancelled (use --yes to skip the question)", EXIT_CANCELLED)
     for entry in entries:
         sem = ops.semaphore(entry)
-        before, after = actions.set_limit(ops.client, ops.prefix, sem, entry, limit)
-        was = f"was {before['limit']} from {before['source']}"
-        if clear:
-            click.echo(
-                f"semaphore {entry.name!r}: runtime override cleared ({was}); the limit is now "
-                f"{after['limit'] if after['limit'] is not None else 'what each task declares'} "
-                f"from {after['source']}"
-            )
-        else:
-            click.echo(
-                f"semaphore {entry.name!r}: limit set to {limit} (runtime override; {was}). "
-                f"Every worker obeys it from its next acquire; it stays until "
-                f"`celery semaphore set-limit {entry.name} --clear`."
-            )
+        if change_limit:
+            _set_limit_one(ops, sem, entry, limit)
+        if change_rate:
+            _set_rate_one(ops, sem, entry, new_rate)
+
+
+def _set_limit_one(ops: _Ops, sem: Any, entry: Any, limit: int | None) -> None:
+    from . import actions
+
+    before, after = actions.set_limit(ops.client, ops.prefix, sem, entry, limit)
+    was = f"was {before['limit']} from {before['source']}"
+    if limit is None:
+        click.echo(
+            f"semaphore {entry.name!r}: runtime override cleared ({was}); the limit is now "
+            f"{after['limit'] if after['limit'] is not None else 'what each task declares'} "
+            f"from {after['source']}"
+        )
+    else:
+        click.echo(
+            f"semaphore {entry.name!r}: limit set to {limit} (runtime override; {was}). "
+            f"Every worker obeys it from its next acquire; it stays until "
+            f"`celery semaphore set-limit {entry.name} --clear`."
+        )
+
+
+def _set_rate_one(ops: _Ops, sem: Any, entry: Any, rates: Any) -> None:
+    from . import actions
+
+    before, after = actions.set_rate(ops.client, ops.prefix, sem, rates)
+    was = (
+        f"was {before['rate']} from {_RATE_SOURCES[before['source']]}"
+        if before["rate"] is not None
+        else "there was no rate"
+    )
+    if rates is None:
+        click.echo(
+            f"semaphore {entry.name!r}: runtime rate cleared ({was}); the rate= the tasks "
+            "declare applies again from their next acquire (none if they declare none)"
+        )
+    else:
+        click.echo(
+            f"semaphore {entry.name!r}: rate set to {after['rate']} (runtime override; "
+            f"{was}). Every worker obeys it from its next acquire; it stays until "
+            f"`celery semaphore set-limit {entry.name} --clear-rate`."
+        )
+
+
+#: where a rate in force comes from, in words (see :func:`.views.rate_info`)
+_RATE_SOURCES = {"override": "a runtime override", "acquirers": "the tasks' rate="}
 
 
 def _matching(ops: _Ops, name: str) -> list[Any]:

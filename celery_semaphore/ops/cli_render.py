@@ -12,6 +12,7 @@ __all__ = [
     "audit_lines",
     "detail",
     "duration",
+    "effective_line",
     "explanation",
     "limit_lines",
     "listing",
@@ -92,10 +93,28 @@ def rate_line(win: Mapping[str, Any]) -> str:
     return text
 
 
+def effective_line(data: Mapping[str, Any]) -> str | None:
+    """``effective limit 5 of 10: lowered after 3 throttle(s), the last 4.2s ago, rising by 1
+    per 5 unit(s) of finished work; paused 1.2s more``, or ``paused 1.2s more after ...``;
+    None while the limit is not lowered and nothing is paused."""
+    effective = data.get("effective") or {}
+    text = effective.get("text")
+    return None if not text else str(text)
+
+
 def limit_lines(data: Mapping[str, Any]) -> list[str]:
-    """What limits the starts besides the units: one line per rate window (none without a
-    rate).  The place for any other such limit the core reports."""
-    return [rate_line(win) for win in data.get("rates") or []]
+    """What limits the starts besides the units: the effective limit when the downstream
+    service lowered it or paused the grants (:func:`effective_line`), then one line per rate
+    window (none without a rate)."""
+    line = effective_line(data)
+    rate = data.get("rate") or {}
+    windows = []
+    for win in data.get("rates") or []:
+        text = rate_line(win)
+        if rate.get("source") == "override":
+            text = text.replace(": ", " (runtime override): ", 1)
+        windows.append(text)
+    return ([line] if line else []) + windows
 
 
 def listing(rows: Sequence[Mapping[str, Any]], prefix: str) -> str:
@@ -137,15 +156,26 @@ def _average(seconds: float | None) -> str:
 
 
 def detail(data: Mapping[str, Any]) -> str:
+    effective = data.get("effective") or {}
+    of = _cell(data["limit"])
+    if effective.get("lowered"):
+        of = f"{effective['limit']} (the effective limit; the limit is {of})"
+    throttles = int(effective.get("throttles_total") or 0)
     lines = [
         f"semaphore {data['name']!r}: limit {_limit(data)}",
-        f"in use: {data['used']} of {_cell(data['limit'])} unit(s) by {data['holders']} "
+        f"in use: {data['used']} of {of} unit(s) by {data['holders']} "
         f"holder(s); {data['waiting']} waiting"
         + (f" (oldest {duration(data['oldest_wait'])})" if data["waiting"] else ""),
         f"tasks: {_tasks(data['tasks'], 5)}",
         f"held on average: {_average(data.get('hold_time_avg'))}; "
         f"{data.get('reclaimed_total', 0)} lease(s) expired and taken back; "
-        f"{data.get('grants_total', 0)} permit(s) granted so far",
+        f"{data.get('grants_total', 0)} permit(s) granted so far"
+        + (
+            f"; throttled {throttles} time(s), the last "
+            f"{duration(effective.get('last_throttle_age'))} ago"
+            if throttles
+            else ""
+        ),
     ]
     for part in data["partitions"]:
         lines.append(f"  {_partition_line(part)}")
@@ -243,6 +273,11 @@ def explanation(r: Mapping[str, Any]) -> str:
     cap = r["cap"]
     if cap["kind"] == "partition":
         cap_text = _partition_line(cap["detail"])
+    elif (r.get("effective") or {}).get("lowered"):
+        cap_text = (
+            f"the semaphore's effective limit, {r['effective']['limit']} (lowered by throttles; "
+            f"the limit is {_limit(r)})"
+        )
     else:
         cap_text = f"the semaphore's limit, {_limit(r)}"
     how = _HOW_LONG.get(w["how"], w["how"]).format(node=w.get("held_by") or "?")
@@ -258,7 +293,9 @@ def explanation(r: Mapping[str, Any]) -> str:
     for line in limit_lines(r):
         lines.append(f"  {line}")
     why = r.get("why")
-    if why:
+    if why and why["kind"] == views.PAUSE:
+        lines.append(f"  {why['text']} (its units are free: it starts then)")
+    elif why:
         if why["at_least"]:
             room = "window has" if len(why["windows"]) == 1 else "windows have"
             then = f"it starts when the {room} room for its weight {w['weight']}"
@@ -351,6 +388,13 @@ def top_frame(rows: Sequence[Mapping[str, Any]], prefix: str, interval: float) -
             lines.append(
                 f"{name:<{width}}  {bar}  {used}/{_cell(cap)}  {part.get('waiting', 0)} waiting"
             )
+        effective = r.get("effective") or {}
+        text = effective_line(r)
+        if text:
+            name = "  effective"
+            eff = effective.get("limit")
+            bar = _bar(r["used"], eff if isinstance(eff, int) else None)
+            lines.append(f"{name:<{width}}  {bar}  {text}")
         for win in r.get("rates") or []:
             name = f"  rate {win['rate']}"
             bar = _bar(int(win["started"]), int(win["count"]))

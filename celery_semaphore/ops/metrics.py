@@ -3,7 +3,8 @@
 Two kinds, read two ways:
 
 * **Gauges of the fleet-wide state** (limit, units in use, holders, waiters, oldest wait, per
-  semaphore and per partition; each rate window's count, starts and room) are read from
+  semaphore and per partition; each rate window's count, starts and room; the effective
+  limit and the throttle pause) are read from
   Redis when Prometheus scrapes, by :class:`SemaphoreCollector`.  They are right whichever
   process serves them, so they need no multiprocess care; every exporter reports the same
   values (aggregate them with ``max``).
@@ -272,6 +273,21 @@ class SemaphoreCollector(Collector):
             "Seconds until a rate window has room for one more start (0: it has room now).",
             "window",
         )
+        e_limit = gauge(
+            "celery_semaphore_effective_limit",
+            "The units that may be held now: the adaptive limit while throttles keep it below "
+            "the limit in force, else that limit.",
+        )
+        paused = gauge(
+            "celery_semaphore_paused_seconds",
+            "Seconds until a throttle pause ends (0: no pause); nobody starts until then.",
+        )
+        throttles = CounterMetricFamily(
+            "celery_semaphore_throttles",
+            "Throttles reported (Semaphore.throttled, celery_semaphore.throttled) by anyone, as "
+            "counted in Redis by the core.",
+            labels=["semaphore"],
+        )
         expired = CounterMetricFamily(
             "celery_semaphore_leases_expired",
             "Holders whose lease ran out and whose units were taken back, whoever took them "
@@ -298,6 +314,10 @@ class SemaphoreCollector(Collector):
                     holders.add_metric([name], row["holders"])
                     waiting.add_metric([name], row["waiting"])
                     oldest.add_metric([name], row["oldest_wait"])
+                    effective = row["effective"]
+                    if effective["limit"] is not None:
+                        e_limit.add_metric([name], effective["limit"])
+                    paused.add_metric([name], effective["paused_for"] or 0.0)
                     for part in row["partitions"]:
                         label = [name, str(part.get("name", ""))]  # "": the default one
                         cap = part.get("cap", part.get("limit"))
@@ -315,6 +335,7 @@ class SemaphoreCollector(Collector):
                     # counters the core keeps in Redis
                     expired.add_metric([name], snap.reclaimed_total)
                     grants.add_metric([name], snap.grants_total)
+                    throttles.add_metric([name], snap.throttles_total)
         except Exception as exc:  # a scrape must answer: report Redis down, not a 500
             log.warning(
                 "celery-semaphore metrics: reading Redis failed: %s",
@@ -324,10 +345,10 @@ class SemaphoreCollector(Collector):
             )
             ok = 0.0
         up.add_metric([], ok)
-        yield from (limit, overridden, in_use, holders, waiting, oldest)
+        yield from (limit, overridden, in_use, holders, waiting, oldest, e_limit, paused)
         yield from (p_cap, p_used, p_wait)
         yield from (r_limit, r_period, r_started, r_available, r_opens)
-        yield from (f for f in (expired, grants) if f.samples)
+        yield from (f for f in (expired, grants, throttles) if f.samples)
         yield up
 
 

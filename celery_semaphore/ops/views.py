@@ -14,8 +14,15 @@ weight started in it, what is still available and when it next has room.  Beside
 waits (:func:`how_waiting`), a waiter may carry WHY it waits when that is not the ordinary
 reason (units in use, or its turn in line): ``why`` is None then, or a dict whose ``kind``
 names the reason, ``text`` says it in words and ``ends_in`` says when it ends (seconds, None
-when unknown).  The only kind today is ``"rate"`` (:data:`RATE`): the head of a line whose
-weight fits the free units, but not the room left in some rate window.
+when unknown).  Two kinds: ``"rate"`` (:data:`RATE`), the head of a line whose weight fits the
+free units, but not the room left in some rate window; and ``"pause"`` (:data:`PAUSE`), such a
+head while a throttle pause (``Semaphore.throttled(retry_after=...)``) holds every new grant.
+
+Limits that follow the downstream service (``Semaphore(adaptive=True)``) are shown as
+``effective`` (:func:`effective_info`): the units that may be held now (an adaptive limit
+below the limit in force), the pause, the throttles so far, and in words why the effective
+limit is lower.  Free units (``available``, and the checks above) count from the effective
+limit.
 """
 
 from __future__ import annotations
@@ -29,10 +36,14 @@ from .registry import Known
 
 __all__ = [
     "detail",
+    "effective_info",
     "explain",
     "find_task",
+    "held_by",
+    "held_by_pause",
     "held_by_rate",
     "limit_info",
+    "rate_info",
     "rate_windows",
     "seconds_text",
     "semaphore_for_known",
@@ -122,15 +133,74 @@ def rate_windows(snap: Snapshot) -> list[dict[str, Any]]:
     return [_window(win) for win in getattr(snap, "rates", None) or []]
 
 
+def rate_info(snap: Snapshot) -> dict[str, Any]:
+    """The rate in force and where it comes from: ``rate`` (``"10/s, 100/m"``; None: no
+    rate), ``source`` (``"override"``: the runtime rate override, ``set-limit --rate``;
+    ``"acquirers"``: the ``rate=`` the last acquirer sent; None: no rate) and ``override``
+    (the override's windows as text, None when there is none)."""
+    windows = [str(win.rate) for win in getattr(snap, "rates", None) or []]
+    override = getattr(snap, "rate_override", None)
+    source = None if not windows else ("override" if override is not None else "acquirers")
+    return {
+        "rate": ", ".join(windows) or None,
+        "source": source,
+        "override": None if override is None else [str(r) for r in override],
+    }
+
+
+def effective_info(snap: Snapshot, limit: int | None) -> dict[str, Any]:
+    """The limit that holds now when the downstream service pushed back
+    (``Semaphore.throttled``): ``limit`` (the units that may be held now: the adaptive limit
+    when it is below ``of``, the limit in force), ``lowered`` (True while it is),
+    ``paused_for`` (seconds until the throttle pause ends; None: no pause),
+    ``throttles_total``, ``last_throttle_age`` (seconds; None: never throttled), ``rises_per``
+    (while lowered: the units of finished work released after which it rises by one) and
+    ``text``: why it is lower or paused, in words (None when it is neither)."""
+    adaptive = getattr(snap, "adaptive_limit", None)
+    lowered = limit is not None and adaptive is not None and adaptive < limit
+    effective = adaptive if lowered else limit
+    pause = getattr(snap, "paused_for", None)
+    paused = None if pause is None else round(pause, 3)
+    throttles = int(getattr(snap, "throttles_total", 0) or 0)
+    age = getattr(snap, "last_throttle_age", None)
+    last = None if age is None else round(age, 3)
+    after = f"after {throttles} throttle(s)" + (
+        f", the last {seconds_text(last)} ago" if last is not None else ""
+    )
+    text = None
+    if lowered:
+        text = (
+            f"effective limit {effective} of {limit}: lowered {after}, rising by 1 per "
+            f"{effective} unit(s) of finished work"
+        )
+        if paused is not None:
+            text += f"; paused {seconds_text(paused)} more"
+    elif paused is not None:
+        text = f"paused {seconds_text(paused)} more {after}: nobody starts until then"
+    return {
+        "limit": effective,
+        "of": limit,
+        "lowered": lowered,
+        "paused_for": paused,
+        "throttles_total": throttles,
+        "last_throttle_age": last,
+        "rises_per": effective if lowered else None,
+        "text": text,
+    }
+
+
 def summary(entry: Known, snap: Snapshot) -> dict[str, Any]:
-    """One line of ``list`` / ``top``: limit and source, units in use, holders, waiters."""
+    """One line of ``list`` / ``top``: limit and source, units in use, holders, waiters, the
+    effective limit (:func:`effective_info`; ``available`` counts from it) and the rate."""
     info = limit_info(entry, snap)
+    effective = effective_info(snap, info["limit"])
     oldest = max((snap.server_time - w.waiting_since for w in snap.waiters), default=0.0)
     return {
         "name": entry.name,
         **info,
+        "effective": effective,
         "used": snap.used,
-        "available": max(0, (info["limit"] or 0) - snap.used),
+        "available": max(0, (effective["limit"] or 0) - snap.used),
         "holders": len(snap.holders),
         "waiting": len(snap.waiters),
         "oldest_wait": round(oldest, 3),
@@ -140,6 +210,7 @@ def summary(entry: Known, snap: Snapshot) -> dict[str, Any]:
         "tasks": sorted(entry.tasks),
         "partitions": _partitions(snap),
         "rates": rate_windows(snap),
+        "rate": rate_info(snap),
         "found_in": sorted(entry.found_in),
         "recorded_by": entry.node,
         "recorded_at": entry.recorded_at,
@@ -182,31 +253,47 @@ def how_waiting(owner: Mapping[str, Any], parked: bool) -> str:
 
 #: Why a waiter waits, when it is not the units (or its turn in line): a rate window is full.
 RATE = "rate"
+#: ... or a throttle pause (``Semaphore.throttled(retry_after=...)``) holds every new grant.
+PAUSE = "pause"
 
 
 def _free_units(snap: Snapshot, limit: int | None) -> int:
     return max(0, (limit if limit is not None else snap.limit) - snap.used)
 
 
-def held_by_rate(snap: Snapshot, w: WaiterInfo, limit: int | None = None) -> dict[str, Any] | None:
-    """Whether ``w`` is held by the rate rather than by the units: it is the head of its
-    partition's line, its weight fits the free units (``limit`` minus the units in use;
-    ``limit`` defaults to the snapshot's) and its partition's cap, but not the room left in
-    some rate window.  None when it is not (or there is no rate); else ``kind`` "rate",
-    ``windows`` (the full ones, as :func:`rate_windows` gives them), ``rate`` (their rates,
-    ``"2/s, 100/m"``), ``ends_in`` (seconds until the last of them has room for one more start:
-    for a weight above 1 the room for its whole weight may come later, ``at_least`` says so),
-    ``ends_within`` (the longest of their periods: by then every window has room for any
-    weight it admits) and ``text``."""
-    rates = getattr(snap, "rates", None) or []
-    if not rates or w.position != 0 or w.weight > _free_units(snap, limit):
-        return None
+def _head_fits(snap: Snapshot, w: WaiterInfo, limit: int | None) -> bool:
+    """Whether ``w`` is the head of its partition's line and its weight fits the free units
+    (``limit`` minus the units in use; ``limit`` defaults to the snapshot's) and its
+    partition's cap: nothing but a rate window or a pause can hold it.  Under a lowered
+    (adaptive) limit a heavier head fits too when nothing is held: it may start alone."""
+    if w.position != 0:
+        return False
+    free = _free_units(snap, limit)
+    alone = snap.used == 0 and limit is not None and limit < snap.limit
+    if w.weight > free and not alone:
+        return False
     mine = getattr(w, "partition", None)
     for part in _partitions(snap):
         cap = part.get("cap")
         fits = not isinstance(cap, int) or int(part.get("used") or 0) + w.weight <= cap
         if part.get("name") == mine and not fits:
-            return None
+            return False
+    return True
+
+
+def held_by_rate(snap: Snapshot, w: WaiterInfo, limit: int | None = None) -> dict[str, Any] | None:
+    """Whether ``w`` is held by the rate rather than by the units: it is the head of its
+    partition's line, its weight fits the free units (``limit`` minus the units in use;
+    ``limit``, the effective limit, defaults to the snapshot's) and its partition's cap, but
+    not the room left in some rate window.  None when it is not (or there is no rate); else
+    ``kind`` "rate", ``windows`` (the full ones, as :func:`rate_windows` gives them), ``rate``
+    (their rates, ``"2/s, 100/m"``), ``ends_in`` (seconds until the last of them has room for
+    one more start: for a weight above 1 the room for its whole weight may come later,
+    ``at_least`` says so), ``ends_within`` (the longest of their periods: by then every window
+    has room for any weight it admits) and ``text``."""
+    rates = getattr(snap, "rates", None) or []
+    if not rates or not _head_fits(snap, w, limit):
+        return None
     full = [win for win in rates if win.available < w.weight]
     if not full:
         return None
@@ -233,6 +320,39 @@ def held_by_rate(snap: Snapshot, w: WaiterInfo, limit: int | None = None) -> dic
         "at_least": at_least,
         "text": text,
     }
+
+
+def held_by_pause(snap: Snapshot, w: WaiterInfo, limit: int | None = None) -> dict[str, Any] | None:
+    """Whether ``w`` is held by a throttle pause: it is the head of its line and its weight
+    fits (as for :func:`held_by_rate`), but nobody starts until the pause ends.  None when it
+    is not (or there is no pause); else ``kind`` "pause", ``ends_in`` (seconds until the
+    pause ends, or until the rate has room too when that is later), ``pause_ends_in``,
+    ``rate`` (the rate's reason, :func:`held_by_rate`, when it holds the head as well; None
+    otherwise) and ``text``."""
+    pause = getattr(snap, "paused_for", None)
+    if pause is None or pause <= 0 or not _head_fits(snap, w, limit):
+        return None
+    pause_ends = round(pause, 3)
+    by_rate = held_by_rate(snap, w, limit)
+    text = f"held by a throttle pause: it ends in {seconds_text(pause_ends)}"
+    ends_in = pause_ends
+    if by_rate is not None:
+        text += f"; and {by_rate['text']}"
+        ends_in = max(ends_in, by_rate["ends_in"])
+    return {
+        "kind": PAUSE,
+        "ends_in": ends_in,
+        "pause_ends_in": pause_ends,
+        "rate": by_rate,
+        "text": text,
+    }
+
+
+def held_by(snap: Snapshot, w: WaiterInfo, limit: int | None = None) -> dict[str, Any] | None:
+    """Why ``w`` waits when it is not the units nor its turn: a throttle pause
+    (:func:`held_by_pause`, which names the rate too when both hold it), else the rate
+    (:func:`held_by_rate`); None when neither holds it."""
+    return held_by_pause(snap, w, limit) or held_by_rate(snap, w, limit)
 
 
 def seconds_text(seconds: float) -> str:
@@ -262,7 +382,7 @@ def _waiter(
         "held_by": owner.get("held_by"),
         "place_left": round(w.place_remaining, 3),
         "partition": getattr(w, "partition", None),
-        "why": None if snap is None else held_by_rate(snap, w, limit),
+        "why": None if snap is None else held_by(snap, w, limit),
     }
 
 
@@ -270,7 +390,7 @@ def detail(entry: Known, snap: Snapshot) -> dict[str, Any]:
     """``show NAME``: the summary plus every holder and waiter."""
     now = snap.server_time
     row = summary(entry, snap)
-    limit = row["limit"] or 0
+    limit = row["effective"]["limit"] or 0
     return {
         **row,
         "server_time": now,
@@ -310,7 +430,15 @@ def explain(entry: Known, snap: Snapshot, task_id: str) -> dict[str, Any] | None
         return None
     now = snap.server_time
     info = limit_info(entry, snap)
-    out: dict[str, Any] = {"name": entry.name, "task_id": task_id, **info, "used": snap.used}
+    effective = effective_info(snap, info["limit"])
+    out: dict[str, Any] = {
+        "name": entry.name,
+        "task_id": task_id,
+        **info,
+        "effective": effective,
+        "rate": rate_info(snap),
+        "used": snap.used,
+    }
     if held:
         out.update(state="holding", holding=[_holder(h, now) for h in held])
         return out
@@ -323,7 +451,7 @@ def explain(entry: Known, snap: Snapshot, task_id: str) -> dict[str, Any] | None
         if w.position < me.position and getattr(w, "partition", None) == mine
     ]
     ahead_units = sum(w.weight for w in ahead)
-    limit = info["limit"] or 0
+    limit = effective["limit"] or 0  # a lowered (adaptive) limit is what turns over
     free = max(0, limit - snap.used)
     # units that must come free (be released) before this task's turn
     needed = max(0, ahead_units + me.weight - free)
@@ -338,8 +466,13 @@ def explain(entry: Known, snap: Snapshot, task_id: str) -> dict[str, Any] | None
     waiter = _waiter(me, now, snap, limit)
     why = waiter["why"]
     head = next((w for w in ahead if w.position == 0), None)
-    head_why = None if head is None else held_by_rate(snap, head, limit)
-    if why is not None:
+    head_why = None if head is None else held_by(snap, head, limit)
+    if why is not None and why["kind"] == PAUSE:
+        estimate = why["ends_in"]
+        basis = "its units are free: it starts when the throttle pause ends"
+        if why["rate"] is not None:
+            basis += f" and the rate {why['rate']['rate']} has room"
+    elif why is not None:
         estimate = why["ends_in"]
         basis = f"its units are free: it starts when the rate {why['rate']} has room"
         if why["at_least"]:
@@ -356,6 +489,10 @@ def explain(entry: Known, snap: Snapshot, task_id: str) -> dict[str, Any] | None
         elif by_rate is not None and estimate is not None and by_rate[0] > estimate:
             estimate = by_rate[0]
             basis = f"{basis}; the rate is slower: {by_rate[1]}"
+        pause = effective["paused_for"]
+        if pause is not None and estimate is not None and pause > estimate:
+            estimate = pause
+            basis = f"{basis}; nobody starts before the throttle pause ends"
     out.update(
         state="waiting",
         waiter=waiter,

@@ -15,6 +15,8 @@ Routes (all ``GET`` unless said; JSON unless said)::
     /healthz                   "ok" (text)
     /metrics                   Prometheus text, when served on a worker's metrics port
     POST /api/actions/set-limit  {"name", "limit": int | null (null clears the override)}
+    POST /api/actions/set-rate   {"name", "rate": "10/s" | ["60/m", "1000/h"] | null (null
+                                 or "none" clears the runtime rate)}
     POST /api/actions/release    {"name", "token"} or {"name", "task_id"}
     POST /api/actions/reset      {"name"}
 
@@ -184,7 +186,7 @@ class Board:
 
 
 class Actions:
-    """set-limit, release and reset from the page, behind a token; each logged like the
+    """set-limit, set-rate, release and reset from the page, behind a token; each logged like the
     CLI's (see :mod:`.audit`)."""
 
     def __init__(self, board: Board, token: str) -> None:
@@ -210,6 +212,15 @@ class Actions:
         sem = self.board.semaphore(entry)
         client, prefix = self.board.client, self.board.prefix
         before, after = actions.set_limit(client, prefix, sem, entry, limit, **who)
+        return {"name": name, "before": before, "after": after}
+
+    def set_rate(self, name: str, rates: Any, who: Mapping[str, Any]) -> dict[str, Any]:
+        """Set (or, with None, clear) the runtime rate, as ``celery semaphore set-limit NAME
+        --rate``; ``rates``: the windows parsed by :func:`.actions.parse_rate`."""
+        entry = self._entry(name)
+        sem = self.board.semaphore(entry)
+        client, prefix = self.board.client, self.board.prefix
+        before, after = actions.set_rate(client, prefix, sem, rates, **who)
         return {"name": name, "before": before, "after": after}
 
     def release(
@@ -382,6 +393,8 @@ class WebApp:
                     HTTPStatus.BAD_REQUEST, f"limit={limit!r}: give an int >= 1, or null to clear"
                 )
             return self.actions.set_limit(name, limit, who)
+        if action == "set-rate":
+            return self.actions.set_rate(name, _rates(body.get("rate")), who)
         if action == "release":
             token, task_id = body.get("token"), body.get("task_id")
             if not isinstance(token, (str, type(None))) or not isinstance(
@@ -396,6 +409,23 @@ class WebApp:
 
 def _json(value: Any) -> tuple[str, bytes]:
     return "application/json", json.dumps(value, default=str).encode("utf-8")
+
+
+def _rates(value: Any) -> Any:
+    """The windows of a set-rate body's ``rate`` (None: clear), or 400 with the core's
+    message (it names the parameter and the value)."""
+    if value is None:
+        return None
+    items = [value] if isinstance(value, str) else value
+    if not isinstance(items, list) or not all(isinstance(v, str) for v in items) or not items:
+        raise HttpError(
+            HTTPStatus.BAD_REQUEST,
+            f'rate={value!r}: give a rate such as "10/s", a list of them, or null to clear',
+        )
+    try:
+        return actions.parse_rate(items)
+    except (TypeError, ValueError) as exc:
+        raise HttpError(HTTPStatus.BAD_REQUEST, str(exc)) from exc
 
 
 def _one(query: Mapping[str, list[str]], key: str) -> str:

@@ -399,6 +399,11 @@ def test_grafana_dashboard_queries_name_metrics_of_a_live_scrape(
     assert all(METRIC.search(e) for e in expressions if "label_values" not in e)
     assert {"celery_semaphore_in_use", "celery_semaphore_limit", "celery_semaphore_waiting"} <= used
     assert {"celery_semaphore_rate_started", "celery_semaphore_rate_limit"} <= used
+    assert {
+        "celery_semaphore_effective_limit",
+        "celery_semaphore_paused_seconds",
+        "celery_semaphore_throttles_total",
+    } <= used
 
 
 # -- a real browser ---------------------------------------------------------------------------
@@ -621,3 +626,50 @@ def test_browser_shows_rate_windows_and_a_waiter_held_by_the_rate(browser: Any, 
             assert permit is not None
             permit.release()
         rated.set_limit_override(None)
+
+
+def test_browser_shows_the_effective_limit_and_a_waiter_held_by_a_pause(
+    browser: Any, site: Site
+) -> None:
+    adaptive = Semaphore(
+        "throttled-page", 10, adaptive=True, redis=site.env.redis_url, key_prefix=site.env.prefix
+    )
+    adaptive.set_limit_override(10)  # found by SCAN only: the override makes its limit known
+    owner = {"task_id": "pause-held", "task": "web.hold", "host": "script"}
+    permits = [adaptive.acquire(blocking=False) for _ in range(4)]
+    assert all(permits)
+    assert permits[0] is not None
+    # halves the limit to 5 and pauses every start for an hour: the test never outlives it
+    result = permits[0].throttled(retry_after=3600)
+    assert (result.decreased, result.effective_limit) == (True, 5)
+    assert adaptive.try_acquire("pause-held:0", owner=owner, place_ttl=120).position == 0
+    try:
+        browser.get(site.url + "/#/s/throttled-page")
+        _until(browser, lambda d: _texts(d, "tr.waiter td.why") != [], "the waiter")
+        [why] = _texts(browser, "tr.waiter td.why")
+        assert why.startswith("held by a throttle pause: it ends in "), why
+
+        def facts(driver: Any) -> dict[str, str] | None:
+            keys, values = _texts(driver, "dl dt"), _texts(driver, "dl dd")
+            if len(keys) != len(values) or "Effective limit" not in keys:
+                return None  # re-rendered between the two reads: look again
+            return dict(zip(keys, values, strict=True))
+
+        shown = _until(browser, facts, "the semaphore's facts")
+        assert shown["Effective limit"].startswith("effective limit 5 of 10: lowered after 1 ")
+        assert shown["Effective limit"].endswith(" more")  # "; paused 59m59s more"
+        assert shown["Throttles"].startswith("1 (the last ")
+        browser.get(site.url + "/#/")
+        _until(
+            browser,
+            lambda d: _texts(d, "tr.effective td.effective-text") != [],
+            "the overview's effective-limit row",
+        )
+        [text] = _texts(browser, "tr.effective td.effective-text")
+        assert text.startswith("effective limit 5 of 10: lowered after 1 throttle(s)"), text
+    finally:
+        adaptive.withdraw("pause-held:0")
+        for permit in permits:
+            assert permit is not None
+            permit.release()
+        adaptive.set_limit_override(None)

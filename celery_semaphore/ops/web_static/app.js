@@ -100,6 +100,11 @@ function limitText(row) {
   return cell(row.limit) + " (" + row.source + ")";
 }
 
+function effectiveText(row) {
+  // why the effective limit is lower, or the throttle pause (null: neither), as the CLI says it
+  return row.effective && row.effective.text ? row.effective.text : null;
+}
+
 // -- views -------------------------------------------------------------------------------------
 
 function route() {
@@ -154,6 +159,28 @@ function overview(data) {
         ),
       );
     }
+    const eff = effectiveText(s);
+    if (eff) {
+      const effLimit = s.effective.limit;
+      rows.push(
+        el(
+          "tr",
+          { class: "effective" },
+          td("↳ effective limit"),
+          td(cell(effLimit) + " of " + cell(s.limit)),
+          td(""),
+          td(""),
+          td(s.used + "/" + cell(effLimit), "num"),
+          td(bar(s.used, effLimit)),
+          td(""),
+          td(""),
+          td(""),
+          td(""),
+          td(""),
+          td(eff, "effective-text"),
+        ),
+      );
+    }
     for (const w of s.rates || []) {
       rows.push(
         el(
@@ -190,6 +217,12 @@ function detailLive(d) {
   const facts = [
     ["Limit in force", limitText(d)],
     ["Runtime override", d.override],
+    ["Effective limit", effectiveText(d) ||
+      (d.effective ? cell(d.effective.limit) + " (not lowered, no pause)" : null)],
+    ["Throttles", d.effective && d.effective.throttles_total ? d.effective.throttles_total +
+      " (the last " + duration(d.effective.last_throttle_age) + " ago)" : 0],
+    ["Rate", d.rate && d.rate.rate ? d.rate.rate + " (" +
+      (d.rate.source === "override" ? "runtime override" : "the tasks' rate=") + ")" : null],
     ["Setting (semaphore_limits)", d.setting],
     ["Code (@limited)", d.code],
     ["In use", d.used + " of " + cell(d.limit) + " unit(s)"],
@@ -289,6 +322,7 @@ function detailLive(d) {
 
 function detailActions(name) {
   const limit = el("input", { id: "limit-input", type: "number", min: "1", size: "5" });
+  const rate = el("input", { id: "rate-input", type: "text", size: "10", placeholder: "10/s" });
   return el(
     "div",
     { class: "act", id: "actions" },
@@ -304,6 +338,18 @@ function detailActions(name) {
     }, "Set limit"),
     el("button", { id: "clear-limit", onclick: () => act("set-limit", { name, limit: null }) },
       "Clear override"),
+    el("label", { for: "rate-input" }, "runtime rate"),
+    rate,
+    el("button", {
+      id: "set-rate",
+      onclick: () => {
+        const value = rate.value.trim();
+        if (!value) return showMessage("give a rate such as 10/s (or 60/m, 1000/h)", false);
+        act("set-rate", { name, rate: value.split(",").map((v) => v.trim()) });
+      },
+    }, "Set rate"),
+    el("button", { id: "clear-rate", onclick: () => act("set-rate", { name, rate: null }) },
+      "Clear rate"),
     el("button", {
       id: "reset", class: "danger",
       onclick: () => {
@@ -343,9 +389,9 @@ function setActions(on) {
   actionsOn = on;
   const note = document.getElementById("actions-note");
   note.textContent = on
-    ? "Actions are on (set-limit, reset, release): each needs the action token and is logged " +
+    ? "Actions are on (set-limit, set-rate, reset, release): each needs the action token and is logged " +
       "with who did it (celery semaphore audit)."
-    : "Read-only: actions (set-limit, reset, release) are off. They are allowed only by " +
+    : "Read-only: actions (set-limit, set-rate, reset, release) are off. They are allowed only by " +
       "`celery semaphore serve --allow-actions` with a token.";
   note.className = "note" + (on ? " on" : "");
   document.getElementById("token-bar").hidden = !on;
