@@ -179,3 +179,21 @@ def set_rate(
         **detail,
     )
     return before, after
+
+
+def clear_throttle(client: Any, prefix: str, sem: Semaphore, **detail: Any) -> bool:
+    """End a throttle pause and forget a lowered adaptive limit at once
+    (:meth:`Semaphore.clear_throttle`); whether there was anything to clear.  Recorded like
+    :func:`set_limit`."""
+    snap = sem.inspect()
+    cleared = sem.clear_throttle()
+    audit.record(
+        client,
+        prefix,
+        "clear-throttle",
+        sem.name,
+        previous=snap.adaptive_limit,
+        paused_for=snap.paused_for,
+        **detail,
+    )
+    return cleared

@@ -264,6 +264,10 @@ def explain(ctx: click.Context, /, task_id: str, name: str | None, as_json: bool
 )  # fmt: skip
 @click.option("--clear-rate", is_flag=True, help="Remove the runtime rate override.")
 @click.option(
+    "--clear-throttle", is_flag=True,
+    help="End a throttle pause and restore a lowered adaptive limit at once.",
+)  # fmt: skip
+@click.option(
     "--yes", is_flag=True, help="Do not ask for confirmation when a pattern matches several."
 )
 @click.option("--dry-run", is_flag=True, help="Only print the semaphores a pattern matches.")
@@ -277,12 +281,14 @@ def set_limit(
     clear: bool,
     rates: tuple[str, ...],
     clear_rate: bool,
+    clear_throttle: bool,
     yes: bool,
     dry_run: bool,
     **_: Any,
 ) -> None:
     """Set a runtime limit for NAME that every worker obeys at once (or --clear it); with
-    --rate, a runtime rate (or --clear-rate / --rate none to clear it).
+    --rate, a runtime rate (or --clear-rate / --rate none to clear it); --clear-throttle ends
+    a throttle pause and restores a limit lowered by adaptive throttling.
 
     NAME may be a glob pattern ('llm:*', 'db-?', 'shard-[0-9]'): every known semaphore it
     matches (as `list` finds them) is changed; when it matches several, it asks first unless
@@ -294,8 +300,10 @@ def set_limit(
     if clear_rate and rates:
         raise click.UsageError("give either --rate or --clear-rate, not both")
     change_rate = bool(rates) or clear_rate
-    if not clear and limit is None and not change_rate:
-        raise click.UsageError("give a LIMIT (an int >= 1), --clear, --rate or --clear-rate")
+    if not clear and limit is None and not change_rate and not clear_throttle:
+        raise click.UsageError(
+            "give a LIMIT (an int >= 1), --clear, --rate, --clear-rate or --clear-throttle"
+        )
     new_rate = None
     if rates:
         try:  # the core's words: they name the parameter and the value; nothing is changed
@@ -315,6 +323,8 @@ def set_limit(
             if shown_rate is not None
             else "clear the runtime rate of"
         )
+    if clear_throttle:
+        whats.append("clear the throttle state of")
     what = " and ".join(w.removesuffix(" on").removesuffix(" of") for w in whats[:-1])
     what = (what + " and " if what else "") + whats[-1]
     if len(entries) > 1 or entries[0].name != name:
@@ -338,6 +348,16 @@ def set_limit(
             _set_limit_one(ops, sem, entry, limit)
         if change_rate:
             _set_rate_one(ops, sem, entry, new_rate)
+        if clear_throttle:
+            cleared = actions.clear_throttle(ops.client, ops.prefix, sem)
+            click.echo(
+                f"semaphore {entry.name!r}: "
+                + (
+                    "throttle pause ended and lowered limit restored; waiters woken"
+                    if cleared
+                    else "nothing to clear (no throttle pause, no lowered limit)"
+                )
+            )
 
 
 def _set_limit_one(ops: _Ops, sem: Any, entry: Any, limit: int | None) -> None:

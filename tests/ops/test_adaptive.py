@@ -392,7 +392,7 @@ def test_a_bad_rate_changes_nothing_and_names_the_value(
     ("args", "message"),
     [
         (["--rate", "5/s", "--clear-rate"], "give either --rate or --clear-rate, not both"),
-        ([], "give a LIMIT (an int >= 1), --clear, --rate or --clear-rate"),
+        ([], "give a LIMIT (an int >= 1), --clear, --rate, --clear-rate or --clear-throttle"),
         (["3", "--clear"], "give either a LIMIT (an int >= 1) or --clear, not both"),
     ],
 )
@@ -489,3 +489,28 @@ def test_the_web_page_shows_the_effective_limit_and_sets_the_rate(
     script = (Path(web.__file__).parent / "web_static" / "app.js").read_text(encoding="utf-8")
     for needle in ("effectiveText(s)", "effectiveText(d)", '"set-rate"', "row.effective.text"):
         assert needle in script, needle
+
+
+def test_clear_throttle_ends_the_pause_and_restores_the_limit(
+    cli: Cli, make_semaphore: SemaphoreFactory, redis_client: Any, key_prefix: str
+) -> None:
+    sem, permits = lowered_geo(make_semaphore)
+    permits[1].throttled(retry_after=600)
+    snap = sem.inspect()
+    assert snap.paused_for is not None
+    assert snap.paused_for > 500
+    assert snap.effective_limit == 5
+    result = cli("set-limit", "geo", "--clear-throttle")
+    assert result.exit_code == 0, result.output
+    assert "throttle pause ended and lowered limit restored" in result.stdout
+    snap = sem.inspect()
+    assert (snap.paused_for, snap.adaptive_limit, snap.effective_limit) == (None, None, 10)
+    # the units are free again: a new start is granted at once
+    assert sem.acquire(owner=owner("new"), blocking=False) is not None
+    entries = [
+        e for e in audit.read(redis_client, key_prefix, "geo") if e["action"] == "clear-throttle"
+    ]
+    assert len(entries) == 1
+    assert entries[0]["detail"]["previous"] == 5
+    again = cli("set-limit", "geo", "--clear-throttle")
+    assert "nothing to clear" in again.stdout
