@@ -10,7 +10,11 @@ Configured from environment variables, so each measured run gets its own keys an
   and, on a Redis broker, kombu's own keys (``global_keyprefix``), so the run's keys can be
   deleted by a SCAN of the prefix;
 * ``E2E_QUEUE``: the queue (``task_default_queue``); ``E2E_LIMIT``: the limit (default 8);
-* ``E2E_CONF``: a JSON dict of extra ``app.conf`` settings (e.g. ``semaphore_wait_timeout``).
+* ``E2E_CONF``: a JSON dict of extra ``app.conf`` settings (e.g. ``semaphore_wait_timeout``);
+* ``E2E_PROFILE``: a directory: profile every thread of every worker process with cProfile
+  (for ``benchmarks/e2e_profile.py``); the data is cleared when the file ``reset`` in it
+  changes, and each process writes ``<pid>-<role>.prof`` there when ``dump`` changes;
+* ``E2E_SEM_LOG``: the level of the ``celery_semaphore`` loggers (default ``INFO``).
 
 Tasks (explicit names, so the module may be imported under any name):
 
@@ -29,9 +33,13 @@ The body sleeps until ``start + d``, so the bookkeeping round trip is inside the
 
 from __future__ import annotations
 
+import cProfile
 import json
 import logging
 import os
+import pstats
+import sys
+import threading
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -129,10 +137,83 @@ app = make_app(CFG)
 def _semaphore_logs_at_info(**_: Any) -> None:
     """Workers run at ``-l WARNING`` (no per-task lines); the library's park/wake lines
     (loggers ``celery_semaphore.*``, INFO) are kept for the analysis."""
-    logging.getLogger("celery_semaphore").setLevel(logging.INFO)
+    logging.getLogger("celery_semaphore").setLevel(os.environ.get("E2E_SEM_LOG", "INFO"))
 
 
 signals.after_setup_logger.connect(_semaphore_logs_at_info, weak=False)
+
+# -- profiling (E2E_PROFILE only) -------------------------------------------------------------
+
+PROFILE_DIR = os.environ.get("E2E_PROFILE", "")
+_profiles: list[cProfile.Profile] = []
+_profiles_lock = threading.Lock()
+
+
+def _profile_this_thread(*_: Any) -> None:
+    """A new thread's first profile event: give it its own cProfile profiler."""
+    sys.setprofile(None)
+    prof = cProfile.Profile(time.thread_time)  # CPU time of this thread, not wall time
+    with _profiles_lock:
+        _profiles.append(prof)
+    prof.enable()
+
+
+def _mtime(path: str) -> float:
+    try:
+        return os.stat(path).st_mtime_ns / 1e9
+    except OSError:
+        return 0.0
+
+
+def _profile_control(role: str) -> None:
+    """Clear this process's profiles when ``reset`` changes, dump them when ``dump`` does."""
+    reset, dump = os.path.join(PROFILE_DIR, "reset"), os.path.join(PROFILE_DIR, "dump")
+    seen = {reset: _mtime(reset), dump: _mtime(dump)}
+    for _ in range(100_000):  # bounded: 50 ms polls, about 80 minutes
+        time.sleep(0.05)
+        if _mtime(reset) != seen[reset]:
+            seen[reset] = _mtime(reset)
+            with _profiles_lock:
+                for prof in _profiles:
+                    prof.clear()
+        if _mtime(dump) != seen[dump]:
+            seen[dump] = _mtime(dump)
+            with _profiles_lock:
+                profs = list(_profiles)
+            stats: pstats.Stats | None = None
+            for prof in profs:
+                try:  # a snapshot; a thread that ran nothing since the reset has none
+                    if stats is None:
+                        stats = pstats.Stats(prof)
+                    else:
+                        stats.add(prof)
+                except TypeError:
+                    continue
+            if stats is not None:
+                out = os.path.join(PROFILE_DIR, f"{os.getpid()}-{role}.prof")
+                stats.dump_stats(out + ".tmp")
+                os.replace(out + ".tmp", out)
+
+
+def start_profiling(role: str) -> None:
+    """Profile this thread and every thread started from now on, in this process."""
+    with _profiles_lock:
+        _profiles.clear()
+    threading.setprofile(_profile_this_thread)
+    _profile_this_thread()
+    control = threading.Thread(
+        target=_profile_control, args=(role,), name="e2e-profile", daemon=True
+    )
+    control.start()
+
+
+if PROFILE_DIR:
+    start_profiling("main")
+
+    def _child_profiling(**_: Any) -> None:
+        start_profiling("child")
+
+    signals.worker_process_init.connect(_child_profiling, weak=False)
 
 # -- bookkeeping (independent of any semaphore) ---------------------------------------------
 
