@@ -5,9 +5,10 @@
 
 On a throwaway ``redis-server`` of its own (so ``INFO commandstats`` counts this run's commands
 only; it is also the broker), for each pool it runs the nodes of ``benchmarks/e2e.py``'s (b)
-(2 nodes, spare slots) three times: ``off`` (the same task with ``semaphore_enabled=False``:
+(2 nodes, spare slots) once per case: ``off`` (the same task with ``semaphore_enabled=False``:
 plain bodies on the same nodes), ``b`` (``@limited(limit=8)``, the ``celery_semaphore``
-loggers at INFO, as in e2e.py) and ``b-quiet`` (the same at WARNING).  Every thread of every
+loggers at INFO, as in e2e.py), ``b-quiet`` (the same at WARNING) and, with ``--cases``,
+``b-free`` (a limit of 10000: every task is granted on arrival).  Every thread of every
 worker process runs under cProfile with a per-thread CPU clock (``time.thread_time``), so the
 profiles show CPU, not waiting; the profiler's own overhead inflates every figure (compare
 cases, not absolute values).  The profiles and the command counts cover the measured part of
@@ -43,15 +44,24 @@ import redis
 from celery_semaphore.core import _scripts
 from celery_semaphore.ops.testing import start_redis_server
 
-CASES = (("off", "off", "INFO"), ("b", "b", "INFO"), ("b-quiet", "b", "WARNING"))
+#: (name, e2e design, level of the celery_semaphore loggers, limit)
+CASES = (
+    ("off", "off", "INFO", 8),
+    ("b", "b", "INFO", 8),
+    ("b-quiet", "b", "WARNING", 8),
+    # the limit above the tasks in flight: every task is granted on arrival (no wait, no
+    # wake-up, no handoff), so b - b-free is what waiting costs
+    ("b-free", "b", "INFO", 10_000),
+)
 
 
 def role_cpu(workers: list[e2e.Worker]) -> dict[str, float]:
     """CPU seconds (user + system) by role: the workers' leaders ("main") and every other
-    process of their groups ("child")."""
+    process of their groups ("child"); and "switches": context switches (voluntary and not)
+    of every thread of them."""
     leaders = {w.process.pid for w in workers}
     tick = os.sysconf("SC_CLK_TCK")
-    out = {"main": 0.0, "child": 0.0}
+    out = {"main": 0.0, "child": 0.0, "switches": 0.0}
     for pid in (p for p in os.listdir("/proc") if p.isdigit()):
         try:
             with open(f"/proc/{pid}/stat") as f:
@@ -61,7 +71,19 @@ def role_cpu(workers: list[e2e.Worker]) -> dict[str, float]:
         if int(fields[2]) in leaders:
             role = "main" if int(pid) in leaders else "child"
             out[role] += (int(fields[11]) + int(fields[12])) / tick
+            out["switches"] += _switches(pid)
     return out
+
+
+def _switches(pid: str) -> int:
+    total = 0
+    with contextlib.suppress(OSError):
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            with contextlib.suppress(OSError), open(f"/proc/{pid}/task/{tid}/status") as f:
+                for line in f:
+                    if "ctxt_switches:" in line:
+                        total += int(line.split()[-1])
+    return total
 
 
 def process_cpu(pid: int) -> float:
@@ -105,6 +127,7 @@ def run_case(
     case: str,
     design_key: str,
     level: str,
+    limit: int,
     load: e2e.Load,
     root: Path,
     *,
@@ -125,7 +148,7 @@ def run_case(
         redis_url=url,
         prefix=prefix,
         queue=f"{prefix}:q",
-        limit=e2e.LIMIT,
+        limit=limit,
         conf=dict(design.conf),
     )
     client = e2e_app.make_app(cfg, "e2e-profile-client")
@@ -250,7 +273,10 @@ def report(pool: str, results: dict[str, dict[str, Any]], top: int) -> None:
             f"{(cpu['main'] + cpu['child']) * 1000 / n:.2f}; worker log lines "
             f"{res['log_lines']}, of them 'waits (limit' INFO lines {res['waits_logged']}"
         )
-        print(f"    redis-server CPU ms/task: {res['server_cpu'] * 1000 / n:.2f}")
+        print(
+            f"    redis-server CPU ms/task: {res['server_cpu'] * 1000 / n:.2f}; worker context "
+            f"switches per task (all threads): {cpu['switches'] / n:.1f}"
+        )
         if res["scripts"]:
             print(
                 "    MONITOR, EVALSHA per task by script: "
@@ -319,7 +345,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--n", type=int, default=400)
     parser.add_argument("--d", type=float, default=0.02)
     parser.add_argument("--top", type=int, default=25)
-    parser.add_argument("--cases", default=",".join(c[0] for c in CASES))
+    parser.add_argument("--cases", default="off,b,b-quiet", help="of: off,b,b-quiet,b-free")
     parser.add_argument("--keep", action="store_true", help="keep the profiles and logs")
     parser.add_argument("--no-profile", action="store_true", help="CPU and commands only")
     parser.add_argument(
@@ -334,7 +360,7 @@ def main(argv: list[str] | None = None) -> int:
         url = server.url(db=0)
         for pool in pools:
             results: dict[str, dict[str, Any]] = {}
-            for case, key, level in CASES:
+            for case, key, level, limit in CASES:
                 if case in wanted:
                     t0 = time.monotonic()
                     results[case] = run_case(
@@ -343,6 +369,7 @@ def main(argv: list[str] | None = None) -> int:
                         case,
                         key,
                         level,
+                        limit,
                         e2e.Load(args.n, args.d),
                         root,
                         profile=not args.no_profile,
