@@ -44,6 +44,8 @@ import redis
 from celery_semaphore.core import _scripts
 from celery_semaphore.ops.testing import start_redis_server
 
+#: seconds the workers are watched idle before the measured run
+IDLE = 3.0
 #: (name, e2e design, level of the celery_semaphore loggers, limit)
 CASES = (
     ("off", "off", "INFO", 8),
@@ -158,13 +160,22 @@ def run_case(
         workers = e2e.start_workers(cfg, client, pool, design.nodes, design.slots, profdir / "logs")
         warm = e2e.Load(2 * design.nodes * design.slots, 0.005)
         e2e._send(client, e2e_app.PLAIN, warm)
-        e2e._send(client, design.task, e2e.Load(e2e.LIMIT, 0.001))
-        if not e2e._wait_ledgers(r, cfg, {"plain": warm.n, design.kind: e2e.LIMIT}, 60.0):
+        # as many limited ones: every pool process takes its first limited task here (its
+        # semaphore, scripts and connection are made then), not in the measured run
+        warm_limited = e2e.Load(warm.n, 0.001)
+        e2e._send(client, design.task, warm_limited)
+        if not e2e._wait_ledgers(r, cfg, {"plain": warm.n, design.kind: warm_limited.n}, 60.0):
             raise RuntimeError(f"{pool}/{case}: warm-up did not finish in 60 s")
         time.sleep(0.3)
         e2e._reset_bookkeeping(r, cfg)
         touch(profdir / "reset")
         time.sleep(0.3)  # every process's control thread polls every 50 ms
+        # idle: the same workers with nothing to do, for IDLE seconds
+        r.config_resetstat()
+        idle0 = role_cpu(workers)
+        time.sleep(IDLE)
+        idle1 = role_cpu(workers)
+        idle_stats = r.info("commandstats")
         scripts: Counter[str] = Counter()
         stop = threading.Event()
         watcher = None
@@ -229,6 +240,11 @@ def run_case(
         "commands": commands,
         "profiles": profiles,
         "log_lines": lines,
+        "idle_cpu": {k: (idle1[k] - idle0[k]) / IDLE for k in idle0},
+        "idle_commands": sum(
+            int(v["calls"]) for v in idle_stats.values() if isinstance(v, dict) and "calls" in v
+        )
+        / IDLE,
         "label": " (under the profiler)" if profile else "",
         "server_cpu": server1 - server0,
         "waits_logged": sum(text.count(" waits (limit") for text in logs),
@@ -272,6 +288,11 @@ def report(pool: str, results: dict[str, dict[str, Any]], top: int) -> None:
             f"{cpu['main'] * 1000 / n:.2f}, children {cpu['child'] * 1000 / n:.2f}, total "
             f"{(cpu['main'] + cpu['child']) * 1000 / n:.2f}; worker log lines "
             f"{res['log_lines']}, of them 'waits (limit' INFO lines {res['waits_logged']}"
+        )
+        idle = res["idle_cpu"]
+        print(
+            f"    idle, before the run: worker CPU ms/s main {idle['main'] * 1000:.1f}, children "
+            f"{idle['child'] * 1000:.1f}; Redis commands/s {res['idle_commands']:.0f}"
         )
         print(
             f"    redis-server CPU ms/task: {res['server_cpu'] * 1000 / n:.2f}; worker context "
