@@ -699,8 +699,10 @@ def report(results: list[PoolResult], repeats: int) -> None:
         "cluster rate (median over the runs).",
         "Starts are the bodies' own clocks (time.time() on entry, after the pool hands the task "
         "over), so a start granted just before a window",
-        "  and run late can land in the next one: a count of configured + 1 can come from that "
-        "jitter; Celery's per-worker rate shows as about 2x.",
+        "  and run late lands in the next one: with 20 starts granted at each window's opening "
+        "and run over the next ~0.1 s, a window of the bodies' clocks",
+        "  can hold more than the rate (see grants max and start lag); Celery's per-worker rate "
+        "shows as about 2x on either clock.",
         "grants max / 1 s: the same count over the semaphore's own record of its grants "
         "(its starts log, on the Redis server's clock, read every 0.1 s),",
         "  for the @limited rows: what the script admitted, before the hop to the pool.",
