@@ -24,8 +24,10 @@ its time bound; the table says how many had started, and its windows count them.
   cluster admits about twice it (the baseline);
 * (c) ``@limited("bench-rate-both", limit=2, rate="20/s")`` with 200 ms bodies: the units are
   the constraint (2 units / 0.2 s = 10 starts/s), the rate must hold as well;
-* (adaptive) reserved for ``Semaphore(adaptive=True)``: measured only when this build has it
-  (it does not yet; the case says so and prints no figure).
+* (d) adaptive limits: a fake service that serves 20 calls at once and refuses (429) the rest;
+  the same calls under a fixed limit of 40 and with ``adaptive=True`` (each refusal reports
+  ``throttled(retry_after=0.1)``), on 2 threads nodes of 24 threads; the 429s of each, in a
+  table of its own.
 
 Each case sends all its tasks at once (one producer) and waits for every body to record
 itself.  The starts are the bodies' own ``time.time()`` at entry (see
@@ -52,7 +54,6 @@ from __future__ import annotations
 import argparse
 import bisect
 import contextlib
-import inspect
 import math
 import os
 import shutil
@@ -77,6 +78,8 @@ from celery_semaphore import Semaphore
 ROOT = Path(__file__).resolve().parents[1]
 NODES = 2
 SLOTS = {"prefork": 4, "threads": 8}  # per node
+#: threads per node in the adaptive case: more slots than the limit (2 x 24 > 40)
+ADAPTIVE_SLOTS = 24
 START_TIMEOUT = 60.0
 #: the cluster's configured rate, starts per second (rate_app.RATE)
 CONFIGURED = float(rate_app.RATE_PER_SECOND)
@@ -165,7 +168,9 @@ def stop_worker(worker: Worker, timeout: float = 15.0) -> None:
     worker.stop(timeout=5)  # e2e's: SIGTERM, then SIGKILL, to the group; a no-op when all gone
 
 
-def start_workers(cfg: rate_app.AppConfig, client: Any, pool: str, logdir: Path) -> list[Worker]:
+def start_workers(
+    cfg: rate_app.AppConfig, client: Any, pool: str, logdir: Path, slots: int | None = None
+) -> list[Worker]:
     env = dict(os.environ)
     env.update(cfg.environ())
     env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
@@ -185,7 +190,7 @@ def start_workers(cfg: rate_app.AppConfig, client: Any, pool: str, logdir: Path)
                 "-P",
                 pool,
                 "-c",
-                str(SLOTS[pool]),
+                str(slots or SLOTS[pool]),
                 "-n",
                 node,
                 "-Q",
@@ -429,25 +434,113 @@ def summarize(runs: list[Run]) -> Summary:
 # -- the adaptive case (not in this build) ---------------------------------------------------
 
 
-def adaptive_available() -> bool:
-    """Whether this build's :class:`~celery_semaphore.Semaphore` takes ``adaptive=``."""
-    return "adaptive" in inspect.signature(Semaphore).parameters
+@dataclass
+class AdaptiveRun:
+    kind: str
+    refused: int
+    served: int
+    most_at_once: int  # the most calls the service served at once (its own count)
+    total: float
+    lowest: int  # the lowest effective limit seen (sampled every 20 ms)
+    final: int  # the effective limit when the run ended
 
 
-def adaptive_case() -> str:
-    """The adaptive case of issue 19 item 8: a fake service that rejects (429) above 20
-    concurrent calls, and the number of 429s it returned with and without ``adaptive=True``.
+def adaptive_case(
+    url: str, broker: str, base: str, logroot: Path, repeats: int, calls: int
+) -> list[AdaptiveRun]:
+    """Issue 19 item 8: a fake service that refuses (429) above SERVICE_CAPACITY concurrent
+    calls; the same calls under a fixed limit of SVC_LIMIT and with ``adaptive=True`` (each
+    refusal reports ``throttled(retry_after=0.1)``), on 2 threads nodes with more slots than
+    the limit, runs interleaved.  Every run starts from the full limit (``clear_throttle``)."""
+    cfg = rate_app.AppConfig(
+        redis_url=url, broker_url=broker, prefix=f"{base}:svc", queue=f"{base}-svc-q"
+    )
+    client = rate_app.make_app(cfg, main="rate-svc-client")
+    r = redis.Redis.from_url(url)
+    sem = Semaphore(
+        rate_app.SVC_ADAPTIVE_NAME, rate_app.SVC_LIMIT, redis=r, key_prefix=cfg.key("sem")
+    )
+    nodes = start_workers(cfg, client, "threads", logroot / "svc", slots=ADAPTIVE_SLOTS)
+    out: list[AdaptiveRun] = []
+    try:
+        for _ in range(repeats):
+            for task, kind in (
+                (rate_app.SVC_FIXED, "svc-fixed"),
+                (rate_app.SVC_ADAPTIVE, "svc-adaptive"),
+            ):
+                sem.clear_throttle()
+                for key in ("ledger", "svc429", "svcmax", "svcin"):
+                    r.delete(cfg.key(key, kind))
+                lowest = [rate_app.SVC_LIMIT]
 
-    NOT WRITTEN YET: ``adaptive=True`` is being built in the core.  Until then this returns a
-    line saying so and no figure; it must never print made-up numbers.
-    """
-    # TODO(adaptive): when Semaphore has adaptive=, add a task to rate_app that calls a fake
-    # service (an INCR/DECR counter in Redis that answers 429 above 20 concurrent calls) and
-    # reports throttled(retry_after=...) on a 429; run it with limit well above 20, with and
-    # without adaptive=True, and count the 429s, the starts per window and the total time.
-    if not adaptive_available():
-        return "not measured: adaptive=True not in this build"
-    return "not measured: adaptive=True is in this build, but this case is not written yet"
+                def sample(lowest: list[int] = lowest) -> None:
+                    lowest[0] = min(lowest[0], sem.inspect().effective_limit)
+
+                first = _send(client, task, calls, 0.05)
+                done = _wait_ledger(r, cfg.key("ledger", kind), calls, 120.0, each=sample)
+                ends = [float(x.split()[0]) for x in r.lrange(cfg.key("ledger", kind), 0, -1)]
+                refused = int(r.get(cfg.key("svc429", kind)) or 0)
+                out.append(
+                    AdaptiveRun(
+                        kind,
+                        refused,
+                        len(ends) - refused,
+                        int(r.get(cfg.key("svcmax", kind)) or 0),
+                        (max(ends) - first) if done and ends else math.nan,
+                        lowest[0] if kind == "svc-adaptive" else rate_app.SVC_LIMIT,
+                        sem.inspect().effective_limit
+                        if kind == "svc-adaptive"
+                        else rate_app.SVC_LIMIT,
+                    )
+                )
+                time.sleep(GAP)
+    finally:
+        for node in nodes:
+            stop_worker(node)
+        client.close()
+        r.close()
+    return out
+
+
+def report_adaptive(runs: list[AdaptiveRun], calls: int) -> None:
+    print()
+    print(
+        f"Adaptive limits: a fake service that serves {rate_app.SERVICE_CAPACITY} calls at once "
+        f"and refuses (429) the rest; {calls} calls of 50 ms sent at once, @limited(limit="
+        f"{rate_app.SVC_LIMIT}) on 2 threads nodes -c {ADAPTIVE_SLOTS}; a refused call is not "
+        "retried (counted); medians of the runs."
+    )
+    print()
+    print(
+        "| case | 429s | served | 429s ÷ calls | most served at once | total s "
+        "| lowest / final limit |"
+    )
+    print("|---|---:|---:|---:|---:|---:|---:|")
+    for kind, label in (
+        ("svc-fixed", f"fixed limit {rate_app.SVC_LIMIT}"),
+        ("svc-adaptive", f"limit {rate_app.SVC_LIMIT}, adaptive=True + throttled(retry_after=0.1)"),
+    ):
+        rows = [x for x in runs if x.kind == kind]
+        if not rows:
+            continue
+
+        def med(values: list[float]) -> float:
+            return statistics.median(values)
+
+        refused = med([x.refused for x in rows])
+        print(
+            f"| {label} | {_num(refused, 0)} | {_num(med([x.served for x in rows]), 0)} | "
+            f"{_num(refused / calls, 2)} | {_num(med([x.most_at_once for x in rows]), 0)} | "
+            f"{_num(med([x.total for x in rows]), 2)} | "
+            f"{_num(med([x.lowest for x in rows]), 0)} / {_num(med([x.final for x in rows]), 0)} |"
+        )
+    fixed = [x.refused for x in runs if x.kind == "svc-fixed"]
+    adaptive = [x.refused for x in runs if x.kind == "svc-adaptive"]
+    if fixed and adaptive and statistics.median(adaptive):
+        print(
+            f"\n429s, fixed ÷ adaptive (medians): "
+            f"{statistics.median(fixed) / statistics.median(adaptive):.1f}"
+        )
 
 
 # -- main -----------------------------------------------------------------------------------
@@ -558,7 +651,9 @@ def main(argv: list[str] | None = None) -> int:
         "--pool", choices=("prefork", "threads", "both"), help="worker pool (default prefork)"
     )
     parser.add_argument(
-        "--cases", default="0abc", help="which cases to run, by key (default 0abc: all)"
+        "--cases",
+        default="0abcd",
+        help="which cases to run, by key (default 0abcd: all; d: adaptive)",
     )
     parser.add_argument(
         "--worker-hold",
@@ -583,11 +678,15 @@ def main(argv: list[str] | None = None) -> int:
             version = str(info.info("server").get("redis_version", "?"))
         finally:
             info.close()
+        adaptive_runs: list[AdaptiveRun] = []
+        svc_calls = 100 if args.quick else 300
         try:
             for pool in pools:
                 results.append(
                     run_pool(pool, all_cases, repeats, url, broker, base, logroot, args.worker_hold)
                 )
+            if "d" in args.cases:
+                adaptive_runs = adaptive_case(url, broker, base, logroot, repeats, svc_calls)
         finally:
             r = redis.Redis.from_url(url)
             try:
@@ -597,6 +696,8 @@ def main(argv: list[str] | None = None) -> int:
                 r.close()
     elapsed = time.monotonic() - t_start
     report(results, repeats)
+    if adaptive_runs:
+        report_adaptive(adaptive_runs, svc_calls)
     failures = [res.failure for res in results if res.failure]
     for res in results:
         if res.restarts:
@@ -688,7 +789,6 @@ def report(results: list[PoolResult], repeats: int) -> None:
                 _pct(s.host),
             ]
             print("| " + " | ".join(row) + " |")
-    print(f"| (adaptive) {adaptive_case()} |" + " |" * (len(header) - 1))
     print()
     for note in (
         "max / 1 s: the most starts in any one-second window (sliding), median over the runs, "

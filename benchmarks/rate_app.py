@@ -39,7 +39,7 @@ from typing import Any
 import redis
 from celery import Celery
 
-from celery_semaphore import limited
+from celery_semaphore import limited, throttled
 
 __all__ = [
     "BOTH",
@@ -200,3 +200,58 @@ def celery_rate_limited(d: float) -> None:
 @limited(BOTH_NAME, limit=BOTH_LIMIT, rate=RATE)
 def both(d: float) -> None:
     body(KINDS[BOTH], d, _node(both))
+
+
+# -- the adaptive case: a fake downstream service that refuses above SERVICE_CAPACITY ------
+
+SVC_FIXED = "rate.svc_fixed"
+SVC_ADAPTIVE = "rate.svc_adaptive"
+#: the semaphores' names, and their limit: well above what the service takes
+SVC_FIXED_NAME = "bench-svc-fixed"
+SVC_ADAPTIVE_NAME = "bench-svc-adaptive"
+SVC_LIMIT = 40
+#: calls the fake service serves at once; one more is refused (a 429)
+SERVICE_CAPACITY = 20
+#: what the service's 429 says (Retry-After, seconds)
+SERVICE_RETRY_AFTER = 0.1
+
+CALL = """
+local n = redis.call('INCR', KEYS[1])
+if n > tonumber(ARGV[1]) then
+  redis.call('DECR', KEYS[1])
+  redis.call('INCR', KEYS[2])
+  return 0
+end
+if n > tonumber(redis.call('GET', KEYS[3]) or '0') then redis.call('SET', KEYS[3], n) end
+return 1
+"""
+
+
+def call_service(kind: str, seconds: float) -> bool:
+    """One call of ``seconds`` to the fake service: refused (False, counted in
+    ``<prefix>:svc429:<kind>``) when SERVICE_CAPACITY calls are already in flight."""
+    r = client()
+    inflight = CFG.key("svcin", kind)
+    ok = bool(
+        r.eval(
+            CALL, 3, inflight, CFG.key("svc429", kind), CFG.key("svcmax", kind), SERVICE_CAPACITY
+        )
+    )
+    if ok:
+        time.sleep(seconds)
+        r.decr(inflight)
+    r.rpush(CFG.key("ledger", kind), f"{time.time():.6f} {int(ok)}")
+    return ok
+
+
+@app.task(name=SVC_FIXED)  # type: ignore[untyped-decorator]
+@limited(SVC_FIXED_NAME, limit=SVC_LIMIT)
+def svc_fixed(d: float) -> None:
+    call_service("svc-fixed", d)
+
+
+@app.task(name=SVC_ADAPTIVE)  # type: ignore[untyped-decorator]
+@limited(SVC_ADAPTIVE_NAME, limit=SVC_LIMIT, adaptive=True)
+def svc_adaptive(d: float) -> None:
+    if not call_service("svc-adaptive", d):
+        throttled(retry_after=SERVICE_RETRY_AFTER)
