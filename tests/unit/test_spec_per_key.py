@@ -30,11 +30,11 @@ def plan(task: Any, *args: Any, **kwargs: Any) -> Plan:
 
 
 def test_rate_strings_and_windows_reach_the_target(app: Celery) -> None:
-    @app.task
+    @app.task(shared=False)
     @limited("stripe", limit=10, rate="100/s")
     def charge(n: int) -> None: ...
 
-    @app.task
+    @app.task(shared=False)
     @limited("llm", limit=3, rate=["1000/h", "60/m"])
     def summarize(n: int) -> None: ...
 
@@ -53,7 +53,7 @@ def test_limit_table_picks_exact_then_most_specific_pattern_then_default(app: Ce
         "api:trial-x?": 7,
     }
 
-    @app.task
+    @app.task(shared=False)
     @limited("api:{tenant}", limit=table)
     def call(tenant: str) -> None: ...
 
@@ -67,7 +67,7 @@ def test_limit_table_picks_exact_then_most_specific_pattern_then_default(app: Ce
 def test_limit_and_rate_from_callables_are_checked_per_call(app: Celery) -> None:
     tiers = {"gold": 20, "free": 2}
 
-    @app.task
+    @app.task(shared=False)
     @limited(
         "llm:{customer}",
         limit=lambda a: tiers[a["tier"]],
@@ -80,7 +80,7 @@ def test_limit_and_rate_from_callables_are_checked_per_call(app: Celery) -> None
     assert (gold.name, gold.limit, gold.rates) == ("llm:acme", 20, (Rate(10, 1.0),))
     assert (free.name, free.limit, free.rates) == ("llm:bob", 2, (Rate(1, 1.0), Rate(30, 60.0)))
 
-    @app.task
+    @app.task(shared=False)
     @limited("k:{c}", limit=lambda a: a["value"])
     def bad_limit(c: str, value: Any) -> None: ...
 
@@ -89,7 +89,7 @@ def test_limit_and_rate_from_callables_are_checked_per_call(app: Celery) -> None
     with pytest.raises(ValueError, match=r"semaphore 'k:1': limit .*=0 is not accepted"):
         plan(bad_limit, "1", 0)
 
-    @app.task
+    @app.task(shared=False)
     @limited("r:{c}", limit=4, rate=lambda a: a["rate"])
     def bad_rate(c: str, rate: Any) -> None: ...
 
@@ -98,7 +98,7 @@ def test_limit_and_rate_from_callables_are_checked_per_call(app: Celery) -> None
 
 
 def test_rate_table_by_key(app: Celery) -> None:
-    @app.task
+    @app.task(shared=False)
     @limited("geo:{t}", limit=5, rate={"geo:vip": None, "*": "2/s"})
     def geo(t: str) -> None: ...
 
@@ -107,7 +107,7 @@ def test_rate_table_by_key(app: Celery) -> None:
 
 
 def test_the_plan_carries_rates_to_the_body(app: Celery) -> None:
-    @app.task
+    @app.task(shared=False)
     @limited("w:{t}", limit=3, rate=lambda a: ["2/s", "5/10s"])
     def work(t: str) -> None: ...
 
@@ -156,7 +156,7 @@ def test_bad_rates_and_tables_fail_at_decoration(
 ) -> None:
     with pytest.raises(error) as caught:
 
-        @app.task
+        @app.task(shared=False)
         @limited(name, **kwargs)
         def task(c: int = 0) -> None: ...
 
@@ -166,7 +166,7 @@ def test_bad_rates_and_tables_fail_at_decoration(
 
 
 def test_semaphore_rates_overrides_code_by_name_template_and_pattern(app: Celery) -> None:
-    @app.task
+    @app.task(shared=False)
     @limited("geo:{t}", limit=5, rate="2/s")
     def geo2(t: str) -> None: ...
 
@@ -183,11 +183,11 @@ def test_semaphore_rates_overrides_code_by_name_template_and_pattern(app: Celery
 def test_worker_start_refuses_bad_semaphore_rates(app: Celery) -> None:
     from celery_semaphore.integration.signals import check_app
 
-    @app.task
+    @app.task(shared=False)
     @limited("api", limit=8, weight=3)
     def heavy() -> None: ...
 
-    @app.task
+    @app.task(shared=False)
     @limited(["db", "cache"], limit=2)
     def both() -> None: ...
 
