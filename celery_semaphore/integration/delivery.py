@@ -174,14 +174,29 @@ def gate_nonce() -> str:
 def host_owner(task_id: str | None, task: str, host: str) -> dict[str, Any]:
     """The owner metadata of a permit or place: the task, and where it runs (the machine and
     its PID namespace, so a process is judged dead only by a host that can see it)."""
+    pid, machine, pidns = _where()
     return {
         "task_id": task_id,
         "task": task,
         "host": host,
-        "pid": os.getpid(),
-        "machine": socket.gethostname(),
-        "pidns": _pid_namespace(),
+        "pid": pid,
+        "machine": machine,
+        "pidns": pidns,
     }
+
+
+#: (pid, machine, PID namespace) of this process, worked out once per process: a forked child
+#: (its own pid) works it out again
+_here: tuple[int, str, str] | None = None
+
+
+def _where() -> tuple[int, str, str]:
+    global _here
+    pid = os.getpid()
+    here = _here
+    if here is None or here[0] != pid:
+        here = _here = (pid, socket.gethostname(), _pid_namespace())
+    return here
 
 
 def _pid_namespace() -> str:

@@ -133,9 +133,8 @@ def semaphore_for(
 ) -> Semaphore:
     """The (cached) Semaphore for ``name`` under ``app``'s settings, in this process."""
     conf = app.conf
-    url = config.redis_url_for(conf)
-    prefix = config.setting(conf, "semaphore_key_prefix", "celery_semaphore")
-    hash_tag = config.setting(conf, "semaphore_hash_tag", None)
+    # one memo look-up (not three) for the parts of the key the settings give
+    url, prefix, hash_tag = config.memo(conf, "semaphore_for", lambda: _key_parts(conf))
     key = (os.getpid(), url, prefix, hash_tag, name, limit, lease_ttl, rates, adaptive, id(app))
     now = clock.monotonic()
     with _cache_lock:
@@ -175,6 +174,15 @@ def semaphore_for(
         heartbeat.unwatch(old)
     heartbeat.watch(sem)
     return sem
+
+
+def _key_parts(conf: Any) -> tuple[str, str, str | None]:
+    """The Redis URL, key prefix and hash tag of ``conf``'s semaphores."""
+    return (
+        config.redis_url_for(conf),
+        config.setting(conf, "semaphore_key_prefix", "celery_semaphore"),
+        config.setting(conf, "semaphore_hash_tag", None),
+    )
 
 
 _groups: OrderedDict[tuple[Any, ...], GroupLock] = OrderedDict()

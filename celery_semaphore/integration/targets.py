@@ -144,6 +144,40 @@ def resolve(
     arguments = arguments_of(task, args, kwargs) if spec.uses_arguments else {}
     if partition is None:
         partition = _short(_partition(task, spec, arguments, queue))
+    if not _fixed(spec):
+        return _plan(task, conf, spec, arguments, partition)
+    # The same plan for every call in one partition while the settings stay the same: worked
+    # out once per partition (one memo look-up, not one per setting).  The memo holds the
+    # spec, so its id is not reused meanwhile; a few partitions only (a message's header
+    # names one: it must not grow the table without bound).
+    found: tuple[LimitSpec, dict[str, Plan]] = config.memo(
+        conf, ("plans", id(spec)), lambda: (spec, {})
+    )
+    plans = found[1]
+    plan = plans.get(partition)
+    if plan is None or found[0] is not spec:
+        plan = _plan(task, conf, spec, arguments, partition)
+        if found[0] is spec and len(plans) < MAX_FIXED_PLANS:
+            plans[partition] = plan
+    return plan
+
+
+#: partitions whose plan is remembered per spec (see :func:`resolve`)
+MAX_FIXED_PLANS = 64
+
+
+def _fixed(spec: LimitSpec) -> bool:
+    """Does every call of ``spec`` in one partition get the same plan (no name, limit, rate
+    or weight decided per call)?"""
+    return not spec.uses_arguments and all(
+        m.limit_by is None and m.rate_by is None and not m.dynamic_name and m.static_weight
+        for m in spec.members
+    )
+
+
+def _plan(
+    task: Any, conf: Any, spec: LimitSpec, arguments: Mapping[str, Any], partition: str
+) -> Plan:
     targets = tuple(_target(task, conf, m, arguments, partition) for m in spec.members)
     if len(targets) > 1:
         for target in targets:
