@@ -92,6 +92,12 @@ log = logs.get("gate")
 log_wait = logs.get("wait")
 log_release = logs.get("release")
 
+#: a held task's first wait is logged at INFO at most once per this many seconds per
+#: semaphore (the others at DEBUG, counted in the next INFO line)
+WAIT_INFO_EVERY = 10.0
+#: semaphores whose last INFO wait line is remembered (the oldest is forgotten)
+WAIT_INFO_NAMES = 1000
+
 #: seconds a held task's place lives without a refresh (refreshed every third of it); shorter
 #: with a shorter lease_ttl, so a dead node's held tasks block the line no longer than its
 #: holders do, but never below HELD_PLACE_MIN
@@ -204,6 +210,9 @@ class Gate:
         #: look for dead pool children running gated bodies (see _reap_dead)
         self._watch_children = children.alive(os.getpid()) and not _submit_anywhere(consumer)
         self._specs: dict[str, LimitSpec | None] = {}
+        #: semaphore name -> (when its last wait was logged at INFO, waits logged at DEBUG
+        #: only since then); see _log_wait
+        self._wait_info: dict[str, tuple[float, int]] = {}
         self._vt = config.visibility_timeout(self.app.conf)
         self._blmpop = True  # until the server says it has no BLMPOP (before Redis 7)
         #: when a Redis call last failed, and when the last tick ended (see _redis_ok)
@@ -626,14 +635,31 @@ class Gate:
             )
 
     def _log_wait(self, entry: _Entry) -> None:
-        log_wait.info(
+        """(Under the lock) a held task's first wait: at DEBUG every time; at INFO the first
+        wait of a semaphore, then at most one per :data:`WAIT_INFO_EVERY` seconds per
+        semaphore, counting the waits logged at DEBUG only meanwhile (a flood of arrivals
+        would otherwise log one INFO line per task)."""
+        name = entry.sem.name
+        now = clock.monotonic()
+        found = self._wait_info.get(name)
+        quiet = 0 if found is None else found[1]
+        loud = found is None or now - found[0] >= WAIT_INFO_EVERY
+        if found is not None and not loud:
+            self._wait_info[name] = (found[0], quiet + 1)
+        else:
+            self._wait_info.pop(name, None)  # the least recently logged first
+            self._wait_info[name] = (now, 0)
+            if len(self._wait_info) > WAIT_INFO_NAMES:  # dynamic names: forget the oldest
+                del self._wait_info[next(iter(self._wait_info))]
+        (log_wait.info if loud else log_wait.debug)(
             "task %s waits (limit %d, position %s): held by a worker (this one), off the pool, "
-            "until a release wakes it%s",
+            "until a release wakes it%s%s",
             entry.req.name,
             entry.sem.limit,
             entry.position,
             "" if entry.counted else " (semaphore_worker_hold is full: in the prefetch window)",
-            semaphore=entry.sem.name,
+            f"; {quiet} more task(s) waited meanwhile (logged at DEBUG)" if loud and quiet else "",
+            semaphore=name,
             task_id=entry.req.id,
         )
 
