@@ -221,8 +221,9 @@ class Snapshot:
 class ThrottleResult:
     """What :meth:`Semaphore.throttled` (or :meth:`Permit.throttled`) did."""
 
-    #: True when this call lowered the adaptive limit (False: not adaptive, the limit was 1
-    #: already, or the throttle belongs to the congestion episode of an earlier decrease)
+    #: True when this call opened a new congestion episode of an adaptive semaphore: the
+    #: limit was halved (or was at 1 already, where it stays); False: not adaptive, or the
+    #: throttle belongs to the episode of an earlier decrease
     decreased: bool
     #: the units that may be held now (the adaptive limit, or the limit in force)
     effective_limit: int

@@ -78,6 +78,7 @@ from .locks import (
     lost_at_grant,
     member_permits,
     quarantine_guard,
+    window_wait,
 )
 from .spec import LimitSpec
 
@@ -561,9 +562,11 @@ def _park(
             if attempt.status is not AttemptStatus.WAITING:
                 return attempt
             position = attempt.position
-            if attempt.rate_retry_after is not None:
+            after = attempt.rate_retry_after
+            wait = None if after is None else window_wait(sem, position or 0, after)
+            if wait is not None:
                 # held by a rate window: nobody releases when it opens, so come back then
-                countdown = min(countdown, attempt.rate_retry_after + PARK_RATE_SLACK)
+                countdown = min(countdown, wait + PARK_RATE_SLACK)
     else:
         position = None
     sig.apply_async(countdown=countdown)

@@ -82,6 +82,7 @@ from .locks import (
     lost_at_fence,
     lost_at_grant,
     quarantined,
+    window_wait,
 )
 from .outage import Outage
 from .spec import LimitSpec
@@ -554,6 +555,7 @@ class Gate:
         grant) or ``slot`` (let the body's wrapper acquire: a redelivered copy whose previous
         delivery holds the permit, a duplicate, or Redis failing at the first try)."""
         state = entry.state
+        entry.retry_at = 0.0  # only a fresh WAITING reply sets a time to try again
         if quarantined(entry.sem):
             return None  # the state was lost: hold on until the running bodies re-assert
         try:
@@ -611,7 +613,10 @@ class Gate:
         if attempt.status is AttemptStatus.WAITING:
             entry.position = attempt.position
             after = attempt.rate_retry_after
-            entry.retry_at = 0.0 if after is None else clock.monotonic() + after
+            if after is not None:
+                wait = window_wait(entry.sem, attempt.position or 0, after)
+                if wait is not None:
+                    entry.retry_at = clock.monotonic() + wait
             return None
         return "slot"
 
@@ -842,7 +847,8 @@ class Gate:
                         self.handed(found.ticket, found.fence, found.expires_at, found.claim)
                     elif isinstance(found, wakes.Wake):
                         self.wake(found.ticket)
-                self._retry_due()
+                if self._redis_ok():  # while Redis fails, the tick alone acts (no calls)
+                    self._retry_due()
                 if clock.monotonic() >= next_tick:
                     self._tick()
                     next_tick = clock.monotonic() + TICK

@@ -46,6 +46,7 @@ __all__ = [
     "quarantine_guard",
     "quarantined",
     "semaphore_for",
+    "window_wait",
 ]
 
 _cache_lock = threading.Lock()
@@ -208,6 +209,20 @@ def lock_for(app: Any, plan: Plan, lease_ttl: float) -> Lock:
         while len(_groups) > SEMAPHORE_CACHE:
             _groups.popitem(last=False)
     return group
+
+
+def window_wait(lock: Lock, position: int, retry_after: float) -> float | None:
+    """When the waiter at ``position`` in its line (0: the head) should try again by itself,
+    the script having said a rate window (or a throttle pause) opens in ``retry_after``
+    seconds: the head's ``count`` places at that opening, the next ``count`` one period later,
+    and so on, by the slowest window; so an opening window does not send every waiting task to
+    Redis at once.  Without a rate (a pause), only the places the units could serve retry; None
+    for the others, which a release (or a start) names."""
+    rates = lock.rates if isinstance(lock, Semaphore) else ()
+    if not rates:
+        return retry_after if position < lock.limit else None
+    slowest = min(rates, key=lambda r: r.count / r.period_seconds)
+    return retry_after + (position // slowest.count) * slowest.period_seconds
 
 
 def lock_names(lock: Lock) -> tuple[str, ...]:

@@ -277,7 +277,10 @@ def _rates(
     if rate_by.table is not None:
         return tuple(value)
     key = tuple(value) if isinstance(value, list) else value
-    found = _parsed_rates.get(key) if isinstance(key, (str, tuple, Rate)) else None
+    try:
+        found = _parsed_rates.get(key) if isinstance(key, (str, tuple, Rate)) else None
+    except TypeError:  # an unhashable item: parse_rates says what is wrong with it
+        key, found = None, None
     if found is None:
         found = parse_rates(
             f"task {task.name}: semaphore {name!r}: rate (from {rate_by.shown})", value

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from ..core.group import GroupPermit
 from ..core.semaphore import ThrottleResult
+from . import config
 from .body import current_permits
 
 __all__ = ["throttled"]
@@ -28,9 +29,12 @@ __all__ = ["throttled"]
 
 def throttled(retry_after: float | None = None) -> list[ThrottleResult]:
     """Report a refusal of the downstream service to every semaphore the running task holds;
-    one :class:`~celery_semaphore.core.semaphore.ThrottleResult` per semaphore.  Raises
-    RuntimeError outside the body of a limited task (use ``Semaphore.throttled()`` there)."""
+    one :class:`~celery_semaphore.core.semaphore.ThrottleResult` per semaphore (none in a
+    task of an app with ``semaphore_enabled=False``).  Raises RuntimeError outside the body
+    of a limited task (use ``Semaphore.throttled()`` there)."""
     permits = current_permits()
+    if not permits and _disabled():
+        return []  # semaphore_enabled=False (a user's unit tests): nothing to tell
     if not permits:
         raise RuntimeError(
             "throttled() was called outside the body of a limited task (no permit is held in "
@@ -42,3 +46,11 @@ def throttled(retry_after: float | None = None) -> list[ThrottleResult]:
         members = permit.permits if isinstance(permit, GroupPermit) else [permit]
         results.extend(member.throttled(retry_after) for member in members)
     return results
+
+
+def _disabled() -> bool:
+    """Is a task running in this thread whose app has the semaphore turned off?"""
+    from celery._state import get_current_task
+
+    task = get_current_task()
+    return task is not None and not config.setting(task.app.conf, "semaphore_enabled", True)

@@ -202,3 +202,30 @@ def test_worker_start_refuses_bad_semaphore_rates(app: Celery) -> None:
         check_app(app)
     app.conf.semaphore_rates = {"api": "5/s"}
     check_app(app)
+
+
+def test_an_unhashable_rate_from_a_callable_is_named(app: Celery) -> None:
+    @app.task(shared=False)
+    @limited("u:{c}", limit=4, rate=lambda a: ["10/s", ["x"]])
+    def odd(c: str) -> None: ...
+
+    with pytest.raises(
+        TypeError, match=r"semaphore 'u:1': rate \(from .*<lambda>\)=\['x'\] \(list"
+    ):
+        plan(odd, "1")
+
+
+def test_throttled_in_an_app_with_the_semaphore_off_reports_nothing(app: Celery) -> None:
+    from celery_semaphore import throttled
+
+    app.conf.semaphore_enabled = False
+
+    @app.task(shared=False)
+    @limited("svc", limit=2, adaptive=True)
+    def call() -> int:
+        return len(throttled(retry_after=1.0))
+
+    assert call.apply().get() == 0
+    app.conf.semaphore_enabled = True
+    with pytest.raises(RuntimeError, match=r"throttled\(\) was called outside the body"):
+        throttled()
