@@ -177,6 +177,12 @@ def test_quickstart_holds_its_limit_with_a_real_worker(env: Env) -> None:
         # already run while the last arrive), and a task's run time is its body's, not its
         # wait (a task that waited in its slot would take twice HOLD or more)
         assert longest_line[0] >= TASKS - 2 * LIMIT, longest_line
+        # a body's end is counted before its worker logs "succeeded": wait for the last line
+        wait_until(
+            lambda: len(succeeded_in(worker.log())) >= TASKS,
+            timeout=10,
+            what=f"{TASKS} 'succeeded' lines\n{worker.log()[-3000:]}",
+        )
         took = succeeded_in(worker.log())
         assert len(took) == TASKS, worker.log()[-3000:]
         assert statistics.median(took) < 1.5 * HOLD, took
