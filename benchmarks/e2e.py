@@ -96,7 +96,7 @@ QUICK = Settings(
 
 @dataclass(frozen=True)
 class Design:
-    key: str  # "a", "split", "b", "off", "hand"
+    key: str  # "a", "split", "b", "b0", "off", "hand"
     label: str
     task: str  # task name
     kind: str  # ledger kind
@@ -150,6 +150,16 @@ def designs(pool: str) -> dict[str, Design]:
             NODES,
             slots,
             pool,
+        ),
+        "b0": Design(
+            "b0",
+            f"(b) with semaphore_worker_standby=0 (no standby), {NODES} nodes -c {slots}",
+            e2e_app.LIMITED,
+            "limited",
+            NODES,
+            slots,
+            pool,
+            (("semaphore_worker_standby", 0),),
         ),
         "off": Design(
             "off",
@@ -572,7 +582,12 @@ def by_path(runs: list[Run]) -> str:
         if run.main is not None:
             for lat, how in strict_handoffs(run.main, LIMIT):
                 paths.setdefault(how, []).append(lat * 1000)
-    names = {"d": "on first delivery", "p": "after parking", "-": "all"}
+    names = {
+        "d": "on first delivery, through the gate",
+        "s": "stood by in its slot",
+        "p": "after parking",
+        "-": "all",
+    }
     return "; ".join(
         f"{names.get(how, how)}: p50 {_num(percentile(v, 50), 1)} p99 "
         f"{_num(percentile(v, 99), 1)} ms (n={len(v)})"
@@ -691,6 +706,7 @@ def plan(settings: Settings, pools: list[str]) -> list[Cell]:
         ds = designs(pool)
         for load in settings.loads:
             cells += [Cell(ds[key], load) for key in ("a", "split", "b", "hand")]
+        cells.append(Cell(ds["b0"], settings.loads[0]))  # the same without standby
         cells.append(Cell(ds["off"], settings.loads[0]))  # CPU of plain bodies, same nodes
     ds = designs(pools[0])
     cells += [
@@ -874,6 +890,18 @@ def report(
             for key in ("a", "split", "b", "hand"):
                 s = summaries[Cell(ds[key], load).name]
                 rows.append(_row(ds[key].label, pool, load.label(), s, base_util, split_util))
+        short = settings.loads[0]
+        b0 = summaries[Cell(ds["b0"], short).name]
+        rows.append(
+            _row(
+                ds["b0"].label,
+                pool,
+                short.label(),
+                b0,
+                summaries[Cell(ds["a"], short).name].util,
+                summaries[Cell(ds["split"], short).name].util,
+            )
+        )
         off = summaries[Cell(ds["off"], settings.loads[0]).name]
         row = _row(ds["off"].label, pool, settings.loads[0].label(), off, math.nan, math.nan)
         row[5] = "-"  # over the limit by design: its makespan is not comparable
@@ -978,6 +1006,11 @@ def report(
         ds = designs(pool)
         for load in settings.loads:
             print(f"  {pool} {load.label()}: {by_path(results[Cell(ds['b'], load).name])}")
+        short = settings.loads[0]
+        print(
+            f"  {pool} {short.label()} without standby: "
+            f"{by_path(results[Cell(ds['b0'], short).name])}"
+        )
     print(
         "  'on first delivery': the task waited where its first delivery put it (held by the "
         "worker's gate, or without a gate in its slot) and was woken by the release; 'after "

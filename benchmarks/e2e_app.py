@@ -49,7 +49,7 @@ import redis
 from celery import Celery, signals
 
 from celery_semaphore import limited
-from celery_semaphore.integration.delivery import WaitState
+from celery_semaphore.integration.delivery import Directive, WaitState
 
 __all__ = [
     "HANDROLLED",
@@ -244,7 +244,9 @@ def client() -> redis.Redis:
 def body(kind: str, seconds: float, how: str = "-", task_id: str = "-") -> None:
     """The measured body: ``seconds`` long from its recorded start to its recorded end.
     ``how`` is recorded too: for ``e2e.limited``, ``p`` when this copy of the task had parked
-    (it came back by a wake-up or its countdown), ``d`` when it ran on first delivery."""
+    (it came back by a wake-up or its countdown), ``s`` when the gate sent it ahead to stand by
+    in its slot (see ``semaphore_worker_standby``), ``d`` when it ran on first delivery
+    otherwise."""
     r = client()
     start = time.time()
     n = int(r.eval(ENTER, 2, CFG.key("inside", kind), CFG.key("max", kind)))
@@ -271,7 +273,9 @@ def plain(d: float) -> None:
 @limited(SEMAPHORE_NAME, limit=CFG.limit)
 def limited_task(self: Any, d: float) -> None:
     parked = WaitState.from_request(self.request).epoch > 0
-    body(KINDS[LIMITED], d, "p" if parked else "d", str(self.request.id))
+    directive = Directive.from_request(self.request)
+    stood_by = directive is not None and directive.do == "standby"
+    body(KINDS[LIMITED], d, "p" if parked else "s" if stood_by else "d", str(self.request.id))
 
 
 # The hand-rolled baseline: what people write before reaching for a library.  A ZSET of slot

@@ -52,8 +52,8 @@ from kombu.utils import json as kombu_json
 from .. import logs
 from ..core import clock
 from ..core.exceptions import LeaseLost, SemaphoreBackendError, SemaphoreError, SemaphoreTimeout
-from ..core.semaphore import Attempt, AttemptStatus, Permit
-from . import config, events, queues, targets
+from ..core.semaphore import Attempt, AttemptStatus, Permit, Semaphore
+from . import config, events, queues, targets, wakes
 from .delivery import (
     GATE_HEADER,
     HEADER,
@@ -81,6 +81,8 @@ from .locks import (
     window_wait,
 )
 from .spec import LimitSpec
+from .standby import Cancelled
+from .standby import wait as wait_standing_by
 
 __all__ = ["checkpoint", "current_permits", "release_with_retry", "run_limited"]
 
@@ -223,6 +225,11 @@ def _run_gated(
         return _acquire_and_run(task, sem, opts, owner, call, fair, partition, directive.claim)
     if directive.do == "timeout":
         raise _timeout(task, sem, directive.waited, opts.max_wait or 0.0)
+    if directive.do == "standby" and isinstance(sem, Semaphore) and directive.wake:
+        # sent ahead near the head of the line: wait here for the release to grant it
+        return _acquire_and_run(
+            task, sem, opts, owner, call, fair, partition, directive.claim, directive.wake
+        )
     # "park": held too long for the broker; re-publish with a countdown, keep the place.  The
     # gate handed this delivery's place over with its claim: a grant a release handed off to
     # it meanwhile is found here as its own.
@@ -330,11 +337,13 @@ def _acquire_and_run(
     fair: dict[str, Any],
     partition: str,
     claim: str | None = None,
+    standby_key: str | None = None,
 ) -> _T:
     """A task that did not come through the gate acquires in its worker slot: granted at
     once, or near the head of the line (``standby``) it waits in the slot up to
     ``wait_timeout``, else it parks.  ``claim``: the delivery's (default: the one the
-    consumer stamped)."""
+    consumer stamped).  ``standby_key``: the gate sent it ahead to stand by (see
+    :mod:`.standby`): its place names that list, where a release grants it directly."""
     request = task.request
     redelivered = bool((request.delivery_info or {}).get("redelivered"))
     state = WaitState.from_request(request).on_arrival(redelivered, partition)
@@ -345,9 +354,17 @@ def _acquire_and_run(
     common = _common(owner, claim or delivery_claim(request), state, opts, fair)
     try:
         quarantine_guard(sem)
-        attempt = _ask(sem, ticket, state, place_ttl=opts.wait_timeout + PLACE_SLACK, **common)
+        if standby_key is not None and isinstance(sem, Semaphore):
+            try:
+                attempt = _stand_by(sem, ticket, state, opts, common, standby_key)
+            except Cancelled:
+                _revoked_standing_by(task, sem, ticket, common["claim"])
+        else:
+            attempt = _ask(sem, ticket, state, place_ttl=opts.wait_timeout + PLACE_SLACK, **common)
         standby = opts.standby if opts.standby is not None else sem.limit
-        if (
+        if standby_key is not None:
+            pass  # it stood by: granted, or it parks now
+        elif (
             attempt.status is AttemptStatus.WAITING
             and opts.wait_timeout > 0
             and (attempt.position or 0) < standby
@@ -399,6 +416,71 @@ def _acquire_and_run(
         if attempt.permit is not None:
             return _hold(task, sem, attempt.permit, opts, state, call, None, fair, owner)
     return _drop_duplicate(task, sem, attempt, state)
+
+
+def _revoked_standing_by(task: Any, sem: Semaphore, ticket: str, claim: str) -> NoReturn:
+    """The task was revoked while it stood by: leave the line (giving back a grant made to it
+    meanwhile, under its claim), record it as revoked, and end without running the body."""
+    from celery.exceptions import Ignore
+
+    try:
+        if not sem.withdraw(ticket):
+            sem.release_token(ticket, claim=claim, tombstone_ttl=0, timed=False)
+    except SemaphoreError as exc:
+        log_wait.warning(
+            "could not leave the line after a revoke: %s; the place expires by itself",
+            exc,
+            semaphore=sem.name,
+            task_id=task.request.id,
+        )
+    log_wait.info(
+        "task %s: revoked while it stood by in its slot; it does not run",
+        task.name,
+        semaphore=sem.name,
+        task_id=task.request.id,
+    )
+    task.backend.mark_as_revoked(task.request.id, "revoked", request=task.request)
+    raise Ignore()
+
+
+def _stand_by(
+    sem: Semaphore,
+    ticket: str,
+    state: WaitState,
+    opts: config.ResolvedOptions,
+    common: dict[str, Any],
+    key: str,
+) -> Attempt:
+    """Point the place at this slot's own list and wait there, up to ``wait_timeout``, for
+    the release that grants it (see :mod:`.standby`)."""
+    owner = common["owner"]
+    kwargs = {
+        **common,
+        # takes handoffs: granted under this claim, with this task's own lease
+        "owner": {
+            **owner,
+            "standby": owner.get("host", ""),
+            "lease_ms": round(opts.lease_ttl * 1000),
+        },
+        "wake_data": wakes.standby_data(key),
+        "place_ttl": IN_SLOT_PLACE_TTL,  # refreshed every poll while it stands by
+    }
+
+    def ask() -> Attempt:
+        return sem.try_acquire(ticket, **kwargs)
+
+    # (its wait was counted when the gate held it: no second "waited" event)
+    first = _ask(sem, ticket, state, **kwargs)
+    return wait_standing_by(
+        sem,
+        ticket,
+        common["claim"],
+        key,
+        {sem.name: int(common.get("weight", 1))},
+        first,
+        ask,
+        opts.wait_timeout,
+    )
 
 
 def _ask(sem: Lock, ticket: str, state: WaitState, **kwargs: Any) -> Attempt:

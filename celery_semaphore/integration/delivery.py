@@ -276,8 +276,10 @@ class Directive:
     """What a worker's gate decided for a delivery it held, handed to the body in the request
     (:data:`GATE_HEADER`, never a message header): ``run`` with the grant it made
     (``fencing``, one token per semaphore; ``expires_at``, server seconds), ``park`` (held too
-    long: re-publish with a countdown, keeping the place, under the same ``claim``) or
-    ``timeout`` (past ``max_wait``: fail with SemaphoreTimeout).  ``partition``: the line the
+    long: re-publish with a countdown, keeping the place, under the same ``claim``),
+    ``standby`` (near the head of the line: wait in the slot on the list ``wake``, where the
+    release that frees the units grants them, under the same ``claim``) or ``timeout`` (past
+    ``max_wait``: fail with SemaphoreTimeout).  ``partition``: the line the
     execution waits in; ``waited``: seconds since it first asked; ``granted_at``: when the
     grant was made, on the machine's monotonic clock (the same in every process of it);
     ``plan``: the call's targets as the gate resolved them (see ``targets.Plan.to_wire``), so
@@ -293,6 +295,7 @@ class Directive:
     waited: float = 0.0
     granted_at: float = 0.0
     plan: Mapping[str, Any] | None = None
+    wake: str = ""
 
     def to_request(self) -> dict[str, Any]:
         """The plain value that travels in the request (to a prefork child too)."""
@@ -307,6 +310,7 @@ class Directive:
             "waited": self.waited,
             "granted_at": self.granted_at,
             "plan": self.plan,
+            "wake": self.wake,
         }
 
     @classmethod
@@ -330,6 +334,7 @@ class Directive:
                 waited=float(raw["waited"]),
                 granted_at=float(raw["granted_at"]),
                 plan=raw["plan"] if isinstance(raw.get("plan"), Mapping) else None,
+                wake=str(raw.get("wake") or ""),
             )
         except (KeyError, TypeError, ValueError):
             return None
@@ -345,8 +350,8 @@ class Stage(Enum):
            │           │         │                        revoked before it started, or
            │           │         │                        the pool refused it)
            │           │         ╰──► GIVEN_BACK (the worker stopped first)
-           ├───────────┴──► HANDED_OVER (slot, park) ─┬─► GIVEN_BACK (the worker stopped
-           ├───────────┴──► TIMED_OUT ─────────────────┘    before the pool took it)
+           ├───────────┴──► HANDED_OVER (slot, park, standby) ─┬─► GIVEN_BACK (the worker stopped
+           ├───────────┴──► TIMED_OUT ──────────────────────────┘    before the pool took it)
            ├───────────┴──► REVOKED
            ╰───────────┴──► GIVEN_BACK (the worker stopped)
 

@@ -86,6 +86,7 @@ from .locks import (
 )
 from .outage import Outage
 from .spec import LimitSpec
+from .standby import FREE_SLOTS, Standing, free_slots, per_semaphore
 
 __all__ = ["MAX_HOLD", "Gate"]
 
@@ -233,6 +234,13 @@ class Gate:
         #: and nothing else (an autoscaler's semaphore) sits between it and the consumer
         self._direct = _submit_anywhere(consumer) and getattr(dispatch, "__name__", "") == (
             "_process_task"
+        )
+        #: the held tasks sent ahead to stand by in pool slots (see :mod:`.standby`)
+        self._standing = Standing(
+            per_semaphore(
+                config.setting(self.app.conf, "semaphore_worker_standby", None),
+                getattr(consumer, "pool", None),
+            )
         )
 
     # -- lifecycle ------------------------------------------------------------------------
@@ -441,20 +449,24 @@ class Gate:
                     if first:
                         self._log_wait(entry)
                         emit_waited(entry.sem, entry.req.id, entry.req.name, "held", entry.position)
-                    return
                 else:
+                    if status == "granted":
+                        self._standing.turned_over(entry.sem.name)
                     self._settle(entry, status)
             if stopped:
                 if status == "granted":
                     self._give_back(entry, handoff=False)
-            elif status is not None:
+                return
+            if status is not None:
                 self._hand_over(entry, status)
+            self._stand_by(entry.sem.name)
             return
 
     def _settle(self, entry: _Entry, status: str) -> None:
         """(Under the lock) ``entry`` stops waiting: it goes to the pool, with its grant
-        (``granted``) or with its place and claim (``slot``: the body acquires under the same
-        claim, so a grant a release hands off to the place meanwhile is the body's)."""
+        (``granted``) or with its place and claim (``slot``, ``standby``: the body acquires
+        under the same claim, so a grant a release hands off to the place meanwhile is the
+        body's)."""
         self._held.pop(entry.ticket, None)
         self._timed.pop(entry.ticket, None)
         if entry.counted:
@@ -494,6 +506,8 @@ class Gate:
                 entry.busy = True
         if entry is None:
             self._handed_elsewhere(ticket, left)
+            if left is not None and left.stage is Stage.HANDED_OVER:
+                self.standby_granted(ticket, claim)  # (made before it pointed its place away)
             return
         entry.refreshed = clock.monotonic()
         if quarantined(entry.sem) or lost_at_fence(entry.sem, fence):
@@ -508,8 +522,72 @@ class Gate:
         with self._lock:
             entry.busy = False
             entry.again = False
+            self._standing.turned_over(entry.sem.name)
             self._settle(entry, "granted")
         self._hand_over(entry, "granted")
+        self._stand_by(entry.sem.name)
+
+    # -- standby (see .standby) -----------------------------------------------------------
+
+    def standby_granted(self, ticket: str, claim: str) -> None:
+        """A release granted ``ticket``, which this gate sent ahead to stand by under
+        ``claim``: it stands by no more, so the next held task of its semaphore may."""
+        with self._lock:
+            name = self._standing.granted(ticket, claim)
+        if name is not None:
+            self._stand_by(name)
+
+    def _cancel_if_revoked(self, entry: _Entry) -> None:
+        """A task standing by in a pool slot was revoked (or expired): tell it, on its list,
+        so that it leaves the line and does not run (a held task is dropped the same way)."""
+        req = entry.req
+        if not (req.id in _revoked() or (req.expires and _expired(req))):
+            return
+        with self._lock:
+            self._standing.drop(entry.ticket)
+        try:
+            wakes.push(
+                self.app,
+                wakes.standby_key(self.key, entry.claim),
+                wakes.cancel_item(entry.ticket, entry.claim),
+                ttl=wakes.STANDBY_TTL,
+            )
+        except RedisError as exc:  # it runs once granted, as a revoked running task would
+            self._failed_at = clock.monotonic()
+            log.debug("could not cancel a standby: %s", exc, semaphore=None, task_id=req.id)
+
+    def _stand_by(self, name: str) -> None:
+        """Send the first held tasks of the semaphore ``name`` ahead, into free pool slots,
+        while it has room for more standbys (``semaphore_worker_standby``), it turns over on
+        this worker, and the pool keeps a slot free for other work."""
+        if self._stop.is_set():
+            return
+        chosen: list[_Entry] = []
+        with self._lock:
+            want = self._standing.wanted(name)
+            if want <= 0 or not self._held:
+                return
+            # standbys not yet started in the pool are not in its count of active requests
+            room = free_slots(self.consumer.pool) - self._standing.total() - (FREE_SLOTS - 1)
+            want = min(want, room)
+            for entry in self._held.values():
+                if len(chosen) >= want:
+                    break
+                if (
+                    entry.sem.name == name
+                    and entry.stage is Stage.HELD
+                    and not entry.busy
+                    and not entry.retry_at
+                    and isinstance(entry.sem, Semaphore)
+                    and entry.opts.wait_timeout > 0
+                    and not _time_limited(entry.req)
+                ):
+                    chosen.append(entry)
+            for entry in chosen:
+                self._settle(entry, "standby")
+                self._standing.add(entry.ticket, name, entry.claim, entry.opts.wait_timeout)
+        for entry in chosen:
+            self._hand_over(entry, "standby")
 
     def _handed_elsewhere(self, ticket: str, left: _Entry | None) -> None:
         """A handoff for ``ticket`` that no held delivery here takes: ``left`` is the delivery
@@ -679,7 +757,11 @@ class Gate:
         """Send the request to the pool, from the hub thread (or directly, when the pool takes
         work from any thread)."""
         directive: Directive | None = None
-        if status == "granted" and entry.grant is not None:
+        if status == "standby":
+            directive = self._directive(
+                entry, "standby", wake=wakes.standby_key(self.key, entry.claim)
+            )
+        elif status == "granted" and entry.grant is not None:
             waited = time.time() - entry.state.first_wait if entry.state.first_wait else 0.0
             fencing, expires_at = entry.grant
             directive = self._directive(
@@ -735,7 +817,8 @@ class Gate:
             return
         if directive is not None:
             req.request_dict[GATE_HEADER] = directive.to_request()
-            if directive.do == "run":
+            if directive.do in ("run", "standby"):
+                # a standby's grant, if a release made it before the child died, likewise
                 self._watch_failure(entry)
         from celery.worker import state
 
@@ -847,6 +930,8 @@ class Gate:
                         self.handed(found.ticket, found.fence, found.expires_at, found.claim)
                     elif isinstance(found, wakes.Wake):
                         self.wake(found.ticket)
+                    elif isinstance(found, wakes.Started):
+                        self.standby_granted(found.ticket, found.claim)
                 if self._redis_ok():  # while Redis fails, the tick alone acts (no calls)
                     self._retry_due()
                 if clock.monotonic() >= next_tick:
@@ -980,6 +1065,13 @@ class Gate:
         with self._lock:
             held = [e for e in self._held.values() if not e.busy]
             pending = list(self._pending.values())
+            self._standing.expire()
+            standing = [self._left.get(t) for t in self._standing.tickets()]
+        for found in standing:
+            if found is not None:
+                self._cancel_if_revoked(found[0])
+        for name in sorted({e.sem.name for e in held}):
+            self._stand_by(name)
         # While Redis fails (a call failed since the last tick ended), a tick makes no Redis
         # calls: each would wait out its retries, and the tick's local decisions with them.
         # The next tick starts after the entry whose call failed, so one that always fails
@@ -1174,6 +1266,14 @@ def _submit_anywhere(consumer: Any) -> bool:
 
     pool = getattr(consumer, "pool", None)
     return isinstance(pool, TaskPool) or bool(getattr(pool, "is_green", False))
+
+
+def _time_limited(req: Any) -> bool:
+    """Has the task a time limit?  Its clock starts when the pool starts it, so it would run
+    while the task stands by: such a task waits held instead."""
+    soft, hard = getattr(req, "time_limits", (None, None)) or (None, None)
+    task = req.task
+    return bool(soft or hard or task.soft_time_limit or task.time_limit)
 
 
 def _maybe_revoked(req: Any) -> bool:

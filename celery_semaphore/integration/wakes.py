@@ -8,7 +8,14 @@ never by a user:
 * ``w <ticket>``: units were freed for ``ticket``: the gate claims them itself;
 * ``h <fence> <expiry ms> <claim> <ticket>``: a release *granted* ``ticket`` its units (a
   handoff) under ``claim``, which only the waiting delivery and the release script know.  The
-  gate trusts it only when the claim is the one of the delivery it holds.
+  gate trusts it only when the claim is the one of the delivery it holds;
+* ``s <claim> <ticket>``: a release granted a task the gate sent ahead to stand by in a pool
+  slot (see :mod:`.standby`); the grant itself went to that task's own standby list, and this
+  note only tells the gate that the task no longer stands by.
+
+A task standing by in a pool slot waits on a list of its own (:func:`standby_key`), which
+takes the same two kinds of item, ``w`` and ``h``, for its own ticket, and one more from its
+gate: ``x <claim> <ticket>``, the task was revoked (or expired) while it stood by.
 
 Anything else (the empty item that ends the gate's blocking pop at stop, an item from an
 older version) is not an item: :func:`parse` returns None.
@@ -28,23 +35,32 @@ from urllib.parse import quote
 from kombu.utils import json as kombu_json
 
 from .. import logs
+from ..core.semaphore import HANDOFF_MARK
 from . import config
 from .clients import client_for
 from .delivery import task_id_of
 
 __all__ = [
     "GATE_WAKE_TTL",
+    "STANDBY_TTL",
     "Handoff",
+    "Cancel",
     "HeldTask",
     "Receiver",
+    "Started",
     "Wake",
     "WakeRouter",
     "gate_key",
+    "cancel_item",
     "handoff_item",
     "held",
     "parse",
     "push",
+    "push_many",
     "register",
+    "standby_data",
+    "standby_key",
+    "started_item",
     "unregister",
     "wake_item",
 ]
@@ -58,6 +74,28 @@ def gate_key(key_prefix: str, node: str, nonce: str) -> str:
     # the nonce as the hash tag: on Redis Cluster the gate's lists (this key and those that
     # extend it, e.g. its handoff list) share a slot, so one BLMPOP waits on all of them
     return f"{key_prefix}:gate:{quote(node, safe='-_.')}:{{{nonce}}}"
+
+
+#: marks a standby list's wake data (``!<standby key>``): a task waiting in a pool slot
+STANDBY_PREFIX = "!"
+#: what separates a standby list's key from its gate's key
+_STANDBY_SEP = ":sb:"
+
+
+def standby_key(gate: str, claim: str) -> str:
+    """The list a task the gate ``gate`` sent ahead to stand by in a pool slot waits on: one
+    per delivery (``claim``), in the gate key's hash slot; ending with the handoff mark, so
+    a release grants the task its units there (see ``Semaphore(on_handoff=...)``)."""
+    return f"{gate}{_STANDBY_SEP}{claim}{HANDOFF_MARK}"
+
+
+def standby_data(key: str) -> str:
+    """The wake data of a task standing by on the list ``key``."""
+    return STANDBY_PREFIX + key
+
+
+def _gate_of_standby(key: str) -> str:
+    return key.rpartition(_STANDBY_SEP)[0]
 
 
 @dataclass(frozen=True)
@@ -77,6 +115,30 @@ class Handoff:
     claim: str
 
 
+@dataclass(frozen=True)
+class Cancel:
+    """The task standing by as ``ticket`` under ``claim`` was revoked: it must not run."""
+
+    ticket: str
+    claim: str
+
+
+def cancel_item(ticket: str, claim: str) -> str:
+    return f"x {claim} {ticket}"
+
+
+@dataclass(frozen=True)
+class Started:
+    """A task the gate sent ahead to stand by was granted its units (see :mod:`.standby`)."""
+
+    ticket: str
+    claim: str
+
+
+def started_item(ticket: str, claim: str) -> str:
+    return f"s {claim} {ticket}"
+
+
 def wake_item(ticket: str) -> str:
     return f"w {ticket}"
 
@@ -86,11 +148,16 @@ def handoff_item(ticket: str, fence: int, expires_at: float, claim: str) -> str:
     return f"h {fence} {round(expires_at * 1000)} {claim} {ticket}"
 
 
-def parse(item: str) -> Wake | Handoff | None:
+def parse(item: str) -> Wake | Handoff | Started | Cancel | None:
     """The item ``item`` read back, or None when it is not one."""
     kind, _, rest = item.partition(" ")
     if kind == "w" and rest:
         return Wake(rest)
+    if kind in ("s", "x"):
+        claim, _, ticket = rest.partition(" ")
+        if not (claim and ticket):
+            return None
+        return Started(ticket, claim) if kind == "s" else Cancel(ticket, claim)
     if kind == "h":
         parts = rest.split(" ", 3)
         if len(parts) == 4 and parts[0].isdigit() and parts[1].isdigit() and parts[2]:
@@ -125,6 +192,8 @@ class Receiver(Protocol):
     def wake(self, ticket: str) -> None: ...
 
     def handed(self, ticket: str, fence: int, expires_at: float, claim: str) -> None: ...
+
+    def standby_granted(self, ticket: str, claim: str) -> None: ...
 
     def snapshot(self) -> list[HeldTask]: ...
 
@@ -165,6 +234,9 @@ class WakeRouter:
         self.name = name  # the semaphore's, for the log
 
     def __call__(self, ticket: str, data: str) -> None:
+        if data.startswith(STANDBY_PREFIX):  # standing by in a pool slot: wake it there
+            push(self.app, data[1:], wake_item(ticket), ttl=STANDBY_TTL)
+            return
         if data.startswith("@"):
             key = data[1:]
             gate = _local_gate(key)
@@ -187,7 +259,26 @@ class WakeRouter:
     def handoff(self, ticket: str, data: str, fence: int, expires_at: float, claim: str) -> None:
         """A release granted ``ticket`` its units under ``claim`` (see
         ``Semaphore(on_handoff=...)``): only a gate's held tasks take handoffs (wake data
-        ``@<key>#handoff``); hand the grant to that gate, directly or through its wake list."""
+        ``@<key>#handoff``); hand the grant to that gate, directly or through its wake list.
+        A task standing by in a pool slot (wake data ``!<key>``) gets it on its own list, in
+        the same round trip as the note that tells its gate."""
+        if data.startswith(STANDBY_PREFIX):
+            key = data[1:]
+            gate_key = _gate_of_standby(key)
+            item = handoff_item(ticket, fence, expires_at, claim)
+            gate = _local_gate(gate_key)
+            if gate is not None:
+                push(self.app, key, item, ttl=STANDBY_TTL)
+                gate.standby_granted(ticket, claim)
+            else:
+                push_many(
+                    self.app,
+                    [
+                        (key, item, STANDBY_TTL),
+                        (gate_key, started_item(ticket, claim), GATE_WAKE_TTL),
+                    ],
+                )
+            return
         key = data[1:]
         gate = _local_gate(key)
         if gate is not None:
@@ -198,13 +289,21 @@ class WakeRouter:
 
 #: seconds a gate's wake list outlives its last push (a gate that died leaves nothing behind)
 GATE_WAKE_TTL = 3600
+#: ... and a standby list (its task waits there for seconds, then parks)
+STANDBY_TTL = 300
 
 
-def push(app: Any, key: str, item: str) -> None:
-    """Append ``item`` to a gate's wake list ``key`` (one round trip), which then lives
-    :data:`GATE_WAKE_TTL` past its last push."""
+def push(app: Any, key: str, item: str, ttl: int = GATE_WAKE_TTL) -> None:
+    """Append ``item`` to a wake list ``key`` (one round trip), which then lives ``ttl``
+    seconds past its last push."""
+    push_many(app, [(key, item, ttl)])
+
+
+def push_many(app: Any, items: list[tuple[str, str, int]]) -> None:
+    """Append each ``(key, item, ttl)`` as :func:`push` does, all in one round trip."""
     client = client_for(config.redis_url_for(app.conf), app.conf)
     pipe = client.pipeline(transaction=False)
-    pipe.rpush(key, item)
-    pipe.expire(key, GATE_WAKE_TTL)
+    for key, item, ttl in items:
+        pipe.rpush(key, item)
+        pipe.expire(key, ttl)
     pipe.execute()

@@ -242,6 +242,8 @@ _HOW_LONG = {
     views.HELD: "held by a worker ({node}), off the pool, unacknowledged; the release that "
     "frees its units hands them to it",
     views.SLOT: "waiting in a slot of its worker's pool, woken by the release",
+    views.STANDBY: "sent ahead by its worker's gate to stand by in a pool slot; the release "
+    "that frees its units grants them to it there",
     views.PARKED: "parked in the broker (re-published with a countdown); the release that "
     "frees its units wakes it",
     views.BLOCKED: "blocked in a direct acquire (outside a Celery worker), woken by the release",

@@ -236,16 +236,19 @@ def _holder(h: HolderInfo, now: float) -> dict[str, Any]:
 #: How a waiter waits, in the words the CLI, the logs and the docs all use.
 HELD = "held by a worker"
 SLOT = "waiting in a slot"
+STANDBY = "standing by in a slot"
 PARKED = "parked in the broker"
 BLOCKED = "blocked (direct acquire)"
 
 
 def how_waiting(owner: Mapping[str, Any], parked: bool) -> str:
-    """A waiter's state: held by a worker's gate (off the pool), waiting in a worker slot,
-    parked in the broker (re-published with a countdown), or a direct ``acquire`` outside
-    Celery."""
+    """A waiter's state: held by a worker's gate (off the pool), sent ahead by it to stand by
+    in a worker slot, waiting in a worker slot, parked in the broker (re-published with a
+    countdown), or a direct ``acquire`` outside Celery."""
     if owner.get("held_by"):
         return HELD
+    if parked and owner.get("standby"):
+        return STANDBY
     if parked:
         return PARKED
     return SLOT if owner.get("task_id") else BLOCKED

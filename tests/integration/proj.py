@@ -233,7 +233,22 @@ def parks_long(self: Any, tag: str, seconds: float = 0.05) -> str:
 @app.task(bind=True)
 def unlimited(self: Any, tag: str, seconds: float = 0.05) -> str:
     bookkeeping().rpush(f"{PREFIX}:unlimited", tag)
+    bookkeeping().rpush(f"{PREFIX}:unlimited_started", f"{tag}:{time.time()}")
     time.sleep(seconds)
+    return tag
+
+
+@app.task(bind=True)
+@limited("main", limit=LIMIT, lease_ttl=LEASE)
+def work_how(self: Any, tag: str, seconds: float = 0.05) -> str:
+    """``work`` that also records how its body got the permit: the gate's directive (``run``:
+    granted in the consumer; ``standby``: sent ahead to wait in its slot), ``-`` for none."""
+    from celery_semaphore.integration.delivery import Directive
+
+    directive = Directive.from_request(self.request)
+    bookkeeping().rpush(f"{PREFIX}:how", f"{tag}:{directive.do if directive else '-'}")
+    with Body(tag):
+        time.sleep(seconds)
     return tag
 
 

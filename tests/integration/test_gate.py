@@ -32,7 +32,14 @@ pytestmark = pytest.mark.timeout(120)
 def node(request: pytest.FixtureRequest, redis_server: RedisServer) -> Iterator[tuple[Env, Worker]]:
     if request.param == "gevent":
         pytest.importorskip("gevent")
-    env = Env(redis_url=redis_server.url(0), broker_url=redis_server.url(0), limit=1)
+    # these tests are about the held tasks: none is sent ahead to stand by in a slot (that
+    # has its own tests, in test_standby.py)
+    env = Env(
+        redis_url=redis_server.url(0),
+        broker_url=redis_server.url(0),
+        limit=1,
+        extra={"semaphore_worker_standby": 0},
+    )
     worker = start_worker(env, pool=request.param, concurrency=2)
     try:
         yield env, worker

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from celery_semaphore.core.semaphore import HANDOFF_MARK
 from celery_semaphore.integration import wakes
 
 
@@ -33,3 +34,19 @@ def test_a_handoff_reads_back_with_its_fence_expiry_and_claim() -> None:
 )
 def test_anything_else_is_not_an_item(item: str) -> None:
     assert wakes.parse(item) is None
+
+
+def test_a_standby_note_reads_back_with_its_claim_and_ticket() -> None:
+    item = wakes.started_item("s c0ffee forged:0", "c0ffee")
+    assert wakes.parse(item) == wakes.Started("s c0ffee forged:0", "c0ffee")
+    assert wakes.parse("s c0ffee") is None  # no ticket
+    assert wakes.parse("s  t:0") is None  # no claim
+
+
+def test_a_standby_list_shares_its_gate_lists_slot_and_takes_handoffs() -> None:
+    gate = wakes.gate_key("p", "node@host", "abc123")
+    key = wakes.standby_key(gate, "c0ffee")
+    assert key.endswith(HANDOFF_MARK)  # a release grants such a waiter by handoff
+    assert key.startswith(gate)  # the gate's hash tag first: the same Redis Cluster slot
+    assert wakes._gate_of_standby(key) == gate
+    assert wakes.standby_data(key) == "!" + key

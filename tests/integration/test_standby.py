@@ -1,0 +1,150 @@
+"""Standby: the gate sends the first of its held tasks ahead into free pool slots, where the
+release that frees their units grants them directly (``semaphore_worker_standby``).
+
+Real workers on a real Redis: the place in line stays the execution's, so standby changes where
+a grant goes, never who gets it (FIFO, the limit), and it never takes the pool's last free slot.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from celery_semaphore.ops import views
+from celery_semaphore.ops.testing import RedisServer
+from tests.conftest import delete_prefix
+
+from . import proj
+from .helpers import holders, ledger, max_inside, semaphore, started
+from .workers import Env, Worker, start_worker, start_workers, wait_until
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def _env(redis_server: RedisServer, **extra: object) -> Env:
+    return Env(
+        redis_url=redis_server.url(0),
+        broker_url=redis_server.url(0),
+        limit=1,
+        extra={"semaphore_worker_standby": 2, **extra},
+    )
+
+
+@pytest.fixture
+def cleanup(redis_server: RedisServer) -> Iterator[list[tuple[Env, list[Worker]]]]:
+    made: list[tuple[Env, list[Worker]]] = []
+    yield made
+    for env, workers in made:
+        for worker in workers:
+            worker.stop()
+        client = redis_server.client(0)
+        delete_prefix(client, env.prefix)
+        client.delete(env.queue)
+        client.close()
+
+
+def _hows(env: Env) -> dict[str, str]:
+    return dict(item.split(":", 1) for item in ledger(env, "how"))
+
+
+def _standing(env: Env) -> int:
+    sem = semaphore(env)
+    return sum(views.how_waiting(w.owner, w.parked) == views.STANDBY for w in sem.waiters())
+
+
+@pytest.mark.parametrize("pool", ["prefork", "threads"])
+def test_standby_tasks_run_in_line_order_within_the_limit(
+    pool: str, redis_server: RedisServer, cleanup: list[tuple[Env, list[Worker]]]
+) -> None:
+    env = _env(redis_server)
+    worker = start_worker(env, pool=pool, concurrency=5)
+    cleanup.append((env, [worker]))
+    app = env.client_app()
+    sem = semaphore(env)
+    first = app.send_task(proj.work_how.name, ("t0", 1.5))
+    wait_until(lambda: len(sem.holders()) == 1, 20, what="t0 runs")
+    tags = [f"t{i}" for i in range(1, 8)]
+    results = [first]
+    seen_standing = 0
+    for n, tag in enumerate(tags, 1):  # one at a time: the line's order is the send order
+        results.append(app.send_task(proj.work_how.name, (tag, 0.1)))
+        wait_until(lambda n=n: len(sem.waiters()) == n, 20, what=f"{tag} waits")
+        seen_standing = max(seen_standing, _standing(env))
+    assert [r.get(timeout=60) for r in results] == ["t0", *tags]
+    assert started(env) == ["t0", *tags]  # FIFO, whatever path each grant took
+    assert max_inside(env) == 1  # never above the limit
+    hows = _hows(env)
+    assert hows["t0"] == "run"  # granted on arrival
+    stood = [t for t in tags if hows[t] == "standby"]
+    assert len(stood) >= 3, hows  # the gate kept sending the next ones ahead
+    assert 1 <= seen_standing <= 2  # semaphore_worker_standby: 2
+    wait_until(lambda: not sem.holders() and not sem.waiters(), 10, what="nothing left")
+    assert holders(env) == []
+
+
+def test_standby_leaves_a_free_slot_for_other_work(
+    redis_server: RedisServer, cleanup: list[tuple[Env, list[Worker]]]
+) -> None:
+    env = _env(redis_server)
+    worker = start_worker(env, pool="prefork", concurrency=3)
+    cleanup.append((env, [worker]))
+    app = env.client_app()
+    sem = semaphore(env)
+    flood = [app.send_task(proj.work_how.name, (f"f{i}", 1.5)) for i in range(4)]
+    # one body runs, one task stands by in a second slot: the third slot stays free
+    wait_until(lambda: _standing(env) == 1 and len(sem.holders()) == 1, 20, what="a standby")
+    sent = time.time()
+    assert app.send_task(proj.unlimited.name, ("u0", 0.05)).get(timeout=30) == "u0"
+    began = float(ledger(env, "unlimited_started")[0].split(":")[1])
+    # at once, not after a flood body (1.5 s) gave its slot back
+    assert began - sent < 0.75, began - sent
+    assert _standing(env) <= 1
+    assert [r.get(timeout=60) for r in flood] == [f"f{i}" for i in range(4)]
+    assert max_inside(env) == 1
+
+
+def test_standby_across_nodes_keeps_the_limit_and_runs_each_task_once(
+    redis_server: RedisServer, cleanup: list[tuple[Env, list[Worker]]]
+) -> None:
+    env = _env(redis_server)
+    env = Env(redis_url=env.redis_url, broker_url=env.broker_url, limit=2, extra=env.extra)
+    workers = start_workers(
+        env,
+        {"pool": "prefork", "concurrency": 4},
+        {"pool": "prefork", "concurrency": 4},
+    )
+    cleanup.append((env, workers))
+    app = env.client_app()
+    tags = [f"x{i}" for i in range(30)]
+    results = [app.send_task(proj.work_how.name, (tag, 0.05)) for tag in tags]
+    assert sorted(r.get(timeout=90) for r in results) == sorted(tags)
+    assert sorted(started(env)) == sorted(tags)  # each body ran once
+    assert max_inside(env) == 2
+    hows = _hows(env)
+    assert "standby" in hows.values(), hows
+    sem = semaphore(env, limit=2)
+    wait_until(lambda: not sem.holders() and not sem.waiters(), 10, what="nothing left")
+
+
+def test_a_task_revoked_while_it_stands_by_never_runs_and_leaves_the_line(
+    redis_server: RedisServer, cleanup: list[tuple[Env, list[Worker]]]
+) -> None:
+    env = _env(redis_server)
+    worker = start_worker(env, pool="prefork", concurrency=4)
+    cleanup.append((env, [worker]))
+    app = env.client_app()
+    sem = semaphore(env)
+    first = app.send_task(proj.work_how.name, ("t0", 2.0))
+    wait_until(lambda: len(sem.holders()) == 1, 20, what="t0 runs")
+    victim = app.send_task(proj.work_how.name, ("victim", 0.05))
+    wait_until(lambda: _standing(env) == 1, 20, what="the victim stands by")
+    app.control.revoke(victim.id)
+    wait_until(lambda: not sem.waiters(), 10, what="the victim left the line")
+    assert first.get(timeout=30) == "t0"
+    after = app.send_task(proj.work_how.name, ("after", 0.05))
+    assert after.get(timeout=30) == "after"
+    assert started(env) == ["t0", "after"]  # the victim never ran
+    wait_until(lambda: victim.state == "REVOKED", 10, what="the victim is REVOKED")
+    wait_until(lambda: not sem.holders() and not sem.waiters(), 10, what="nothing left")
