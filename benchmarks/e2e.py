@@ -407,6 +407,7 @@ def run_cell(
     index: int,
     logroot: Path,
     conf: dict[str, Any],
+    limit: int = LIMIT,
 ) -> Run:
     prefix = f"{base}:r{index:03d}"
     cfg = e2e_app.AppConfig(
@@ -414,7 +415,7 @@ def run_cell(
         broker_url=broker,
         prefix=prefix,
         queue=f"{prefix}:q",
-        limit=LIMIT,
+        limit=limit,
         conf={**conf, **dict(cell.design.conf)},
     )
     design = cell.design
@@ -434,7 +435,7 @@ def run_cell(
             # had none made their semaphore, scripts and connection in the measured run
             # (prefork: about 0.3 ms of CPU per task of 400 in the children).  Hand-rolled:
             # LIMIT (more would wait out retry countdowns)
-            n = warm.n if design.task == e2e_app.LIMITED else LIMIT
+            n = warm.n if design.task == e2e_app.LIMITED else limit
             _send(client, design.task, Load(n, 0.001))
             wanted[design.kind] = n
         if not _wait_ledgers(r, cfg, wanted, 60.0):
