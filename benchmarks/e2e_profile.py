@@ -353,7 +353,7 @@ def report(pool: str, results: dict[str, dict[str, Any]], top: int) -> None:
         ours = [
             (ct / n, tt / n, calls / n, key)
             for key, (tt, ct, calls) in b_funcs.items()
-            if key.startswith("celery_semaphore")
+            if key.startswith("celery_semaphore") or "/celery_semaphore/" in key
         ]
         ours.sort(reverse=True)
         for cum, tt, calls, key in ours[:top]:
