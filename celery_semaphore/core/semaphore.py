@@ -72,6 +72,7 @@ log = logs.get("semaphore")
 DEFAULT_URL = "redis://localhost:6379/0"
 #: How long a released token is remembered, so a re-sent release reports success.
 DEFAULT_TOMBSTONE_TTL = 10.0
+_DEFAULT_TOMBSTONE_MS = max(1, int(DEFAULT_TOMBSTONE_TTL * 1000))  # as Semaphore._ms() gives it
 #: A blocked waiter re-checks at least this often, in case a wake-up was lost.
 DEFAULT_POLL_INTERVAL = 1.0
 #: A head waiter that does not fit in the free units reserves them once it has waited this long.
@@ -353,9 +354,15 @@ class Permit:
                 return False
             # A Redis failure raises SemaphoreBackendError and leaves the permit unreleased,
             # so the call can be retried (the release is idempotent per token).
-            result = self.semaphore.release_token(
-                self.token, tombstone_ttl=tombstone_ttl, claim=self.claim
-            )
+            sem = self.semaphore
+            token, claim = self.token, self.claim
+            if tombstone_ttl is None and type(token) is str and token and type(claim) is str:
+                # the usual case: token and claim were checked when the permit was granted
+                result = sem._release(token, _DEFAULT_TOMBSTONE_MS, claim, True, True)
+            else:
+                result = sem.release_token(
+                    self.token, tombstone_ttl=tombstone_ttl, claim=self.claim
+                )
             self._released = True
             return result
 
@@ -690,15 +697,46 @@ class Semaphore:
         part, cap, part_weight = self._partition_args(
             weight, partition, partition_cap, partition_weight
         )
+        return self._attempt(
+            ticket,
+            weight,
+            owner,
+            int(place * 1000),
+            self._ms(lease or self.lease_ttl),
+            int(grace * 1000),
+            claim,
+            wake_data,
+            epoch,
+            _done_mode(check_done, new_execution),
+            part,
+            cap,
+            part_weight,
+        )
+
+    def _attempt(
+        self,
+        ticket: str,
+        weight: int,
+        owner: Mapping[str, Any] | None,
+        place_ms: int,
+        lease_ms: int,
+        grace_ms: int,
+        claim: str,
+        wake_data: str,
+        epoch: int,
+        done_mode: int,
+        part: str,
+        cap: int,
+        part_weight: int,
+    ) -> Attempt:
+        """:meth:`try_acquire` with its arguments checked and in the scripts' units."""
         owner_text = (
             json.dumps(dict(owner), default=str) if owner is not None else _default_owner_text()
         )
         # see acquire.lua for the ARGV; the integers travel as one argument
         numbers = (
-            f"{weight} {self.limit} {self._ms(lease or self.lease_ttl)} {int(place * 1000)} "
-            f"{int(grace * 1000)} {epoch} {_done_mode(check_done, new_execution)} {cap} "
-            f"{part_weight} "
-            f"{self._aging_ms}"
+            f"{weight} {self.limit} {lease_ms} {place_ms} {grace_ms} {epoch} {done_mode} {cap} "
+            f"{part_weight} {self._aging_ms}"
         )
         reply = self._run(
             "acquire", [ticket, numbers, claim, owner_text, wake_data, part, self._rate_text]
@@ -786,6 +824,10 @@ class Semaphore:
             key = self.keys.gone(token)
             self._call(lambda: self.client.set(key, reason, px=int(GONE_TTL * 1000)))
         tomb_ms = self._ms(DEFAULT_TOMBSTONE_TTL) if tomb is None else int(tomb * 1000)
+        return self._release(token, tomb_ms, claim, timed, handoff)
+
+    def _release(self, token: str, tomb_ms: int, claim: str, timed: bool, handoff: bool) -> bool:
+        """:meth:`release_token` with its arguments checked, the tombstone time in ms."""
         # see release.lua for the ARGV; the integers travel as one argument
         handler = self.on_handoff if handoff else None
         handoff_ms = self._ms(self.lease_ttl) if handler is not None else 0
@@ -998,21 +1040,37 @@ class Semaphore:
         """
         _validate.positive_int("weight", weight, maximum=self.limit)
         self._check_rate_weight(weight)
-        self._partition_args(weight, partition, partition_cap, partition_weight)
-        parts: dict[str, Any] = {
-            "partition": partition,
-            "partition_cap": partition_cap,
-            "partition_weight": partition_weight,
-        }
+        part, cap, part_weight = self._partition_args(
+            weight, partition, partition_cap, partition_weight
+        )
         wait = _validate.optional_non_negative_seconds("timeout", timeout)
         own_ticket = ticket is None
         t = self.new_ticket() if ticket is None else _validate.ticket("ticket", ticket)
         kept = self.lease_ttl if place_ttl is None else place_ttl
         if not blocking:
-            attempt = self.try_acquire(
-                t, weight=weight, owner=owner, place_ttl=0.0 if own_ticket else kept, **parts
+            # try_acquire's other checks are done above (or hold for its defaults)
+            place = 0.0 if own_ticket else _validate.non_negative_seconds("place_ttl", kept)
+            attempt = self._attempt(
+                t,
+                weight,
+                owner,
+                int(place * 1000),
+                self._ms(self.lease_ttl),
+                1000,  # try_acquire's default wake_grace, 1 s
+                "",
+                "",
+                0,
+                0,
+                part,
+                cap,
+                part_weight,
             )
             return attempt.permit
+        parts: dict[str, Any] = {
+            "partition": partition,
+            "partition_cap": partition_cap,
+            "partition_weight": partition_weight,
+        }
         attempt = self.wait(
             t,
             timeout=wait,

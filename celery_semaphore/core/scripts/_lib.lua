@@ -79,6 +79,14 @@
 -- written yet; the Python side then looks up which key it was (TYPE) and raises
 -- SemaphoreStateError naming it.
 
+-- Every script run creates its functions anew (Lua closures), and each upvalue a closure
+-- captures costs at that moment; the functions are therefore fields of the table F (one
+-- upvalue, where locals calling each other would be many), and only those the usual uncontended
+-- acquire and release need are made at every run (the ones just below).  The others are made by
+-- define_rest(), the first time the script asks F for one of them (F's __index): a script never
+-- sees the difference, except in its running time.
+local F = {}
+
 local K_EXP, K_STATE, K_LINE, K_RATE = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 
 local CAN_DISPATCH = ARGV[#ARGV] == '1'
@@ -104,96 +112,18 @@ local aimd = false
 -- Group scripts work on several semaphores, four KEYS each (member i: KEYS[4i-3 .. 4i]); use(i)
 -- makes member i the one every function here works on, keeping each member's counters.
 local members, current = {}, 1
-local function use(i)
-  if i == current then return end
-  members[current] = {used, limit_override, waiting, reclaimed, pused, default_record, rate,
-                      rate_total, rate_last, rate_stored, aimd}
-  K_EXP, K_STATE, K_LINE, K_RATE = KEYS[4 * i - 3], KEYS[4 * i - 2], KEYS[4 * i - 1], KEYS[4 * i]
-  local saved = members[i]
-  if saved then
-    used, limit_override, waiting, reclaimed, pused, default_record, rate, rate_total,
-      rate_last, rate_stored, aimd = unpack(saved, 1, 11)
-  else
-    used, limit_override, waiting, reclaimed, pused, default_record = 0, false, 0, 0, 0, false
-    rate, rate_total, rate_last, rate_stored, aimd = false, 0, 0, false, false
-  end
-  current = i
-end
 
 -- Server time in integer ms, as a number and as text.  Built from TIME's digits: Lua's
 -- number-to-text conversion is slow next to everything else the fast paths do.
-local function now_ms()
+function F.now_ms()
   local t = redis.call('TIME')
   local text = t[1] .. string.sub('00000' .. t[2], -6, -4)  -- seconds, then whole ms
   return tonumber(text), text
 end
 
--- The line member's prefix for a partition (every member of it starts with this, and no
--- member of another partition does: the length comes first).
-local function part_prefix(part)
-  return string.format('%04d', #part) .. part
-end
-
-local function line_member(part, seq, ticket)
-  return part_prefix(part) .. string.format('%015d', seq) .. ticket
-end
-
--- partition, seq, ticket and prefix of a line member
-local function split_member(member)
-  local n = tonumber(string.sub(member, 1, 4))
-  return string.sub(member, 5, 4 + n), tonumber(string.sub(member, 5 + n, 19 + n)),
-    string.sub(member, 20 + n), string.sub(member, 1, 4 + n)
-end
-
-local function part_has_waiters(part)
-  local pre = part_prefix(part)
-  return redis.call('ZRANGEBYLEX', K_LINE, '[' .. pre, '(' .. pre .. '\255', 'LIMIT', 0, 1)[1]
-    ~= nil
-end
-
--- A partition record: used, cap (false: none), weight.
-local function parse_part(raw)
-  if not raw then return 0, false, 1 end
-  local u, c, w = string.match(raw, '^(%S+) (%S+) (%S+)$')
-  c = tonumber(c)
-  if c < 0 then c = false end
-  return tonumber(u), c, tonumber(w)
-end
-
-local function set_pused(value)
-  pused = value
-  if value > 0 then
-    redis.call('HSET', K_STATE, 'pused', value)
-  else
-    redis.call('HDEL', K_STATE, 'pused')
-  end
-end
-
--- `part` gave back `units` held units (used and pused are the caller's business), and may have
--- lost its last waiter: keep its record only while it has holders or waiters.
-local function part_changed(part, units)
-  if part == '' then
-    if default_record and used - pused <= 0 and not part_has_waiters('') then
-      redis.call('HDEL', K_STATE, 'p:')
-      default_record = false
-    end
-    return
-  end
-  local field = 'p:' .. part
-  local raw = redis.call('HGET', K_STATE, field)
-  if not raw then return end
-  local u, c, w = parse_part(raw)
-  u = math.max(0, u - units)
-  if u == 0 and not part_has_waiters(part) then
-    redis.call('HDEL', K_STATE, field)
-  elseif units > 0 then
-    redis.call('HSET', K_STATE, field, u .. ' ' .. (c or -1) .. ' ' .. w)
-  end
-end
-
 -- A holder's state field: weight, fence, claim, aside, partition, acquired ms (as text; the
 -- owner is never needed).
-local function parse_holder(raw)
+function F.parse_holder(raw)
   local w, f, at, aside, n, np, p =
     string.match(raw, '^(%d+) (%S+) (%S+) ([01]) (%d+) (%d+) ()')
   local stop = p + tonumber(n)
@@ -203,84 +133,21 @@ end
 
 -- (weight as text, as the caller sent it; the usual empty claim and partition spare a number
 -- conversion)
-local function encode_holder(weight_text, fence, aside, claim, part, owner)
+function F.encode_holder(weight_text, fence, aside, claim, part, owner)
   local n = claim == '' and '0' or #claim
   local np = part == '' and '0' or #part
   return weight_text .. ' ' .. fence .. ' ' .. now_text .. ' ' .. aside .. ' ' .. n .. ' '
     .. np .. ' ' .. claim .. part .. owner
 end
 
-local function parse_waiter(raw)
-  local w, since, e, wk, g, seq, np, n, p =
-    string.match(raw, '^(%d+) (%S+) (%S+) (%S+) (%S+) (%d+) (%d+) (%d+) ()')
-  local pstop = p + tonumber(np)
-  local stop = pstop + tonumber(n)
-  return {w = tonumber(w), since = since, e = tonumber(e), wk = tonumber(wk), g = tonumber(g),
-          seq = tonumber(seq), p = string.sub(raw, p, pstop - 1),
-          d = string.sub(raw, pstop, stop - 1), o = string.sub(raw, stop)}
-end
-
-local function encode_waiter(info)
-  return info.w .. ' ' .. info.since .. ' ' .. info.e .. ' ' .. info.wk .. ' ' .. info.g .. ' '
-    .. info.seq .. ' ' .. #info.p .. ' ' .. #info.d .. ' ' .. info.p .. info.d .. info.o
-end
-
--- Take back the units of holders whose lease ran out, forget waiters whose place expired, and
--- drop old tombstones: the `expired` members (vals: begin()'s HMGET reply for `...`, its
--- fields; those just removed are set to false there, and partition records re-read).  Reads
--- first, like begin().  Adds the holders reclaimed to the state's running total `reclaimed`
--- (read with the expired fields, written with `used`: no extra call).
-local function reclaim(expired, vals, ...)
-  -- raws[1]: the running total; raws[i + 1]: expired[i]'s field
-  local raws = redis.call('HMGET', K_STATE, 'reclaimed', unpack(expired))
-  local freed, members, gone, count = 0, {}, {}, 0
-  local parts, part_freed = {}, 0  -- partition -> units freed (0: lost a waiter)
-  for i, member in ipairs(expired) do
-    gone[member] = true
-    local kind, raw = string.sub(member, 1, 2), raws[i + 1]
-    if kind == 'h:' then
-      if raw then  -- a holder whose lease ran out (without a field: a tombstone's time is up)
-        reclaimed = reclaimed + 1
-        count = count + 1
-        local w, _, _, _, part = parse_holder(raw)
-        freed = freed + w
-        parts[part] = (parts[part] or 0) + w
-        if part ~= '' then part_freed = part_freed + w end
-      end
-    elseif kind == 'w:' and raw then
-      local info = parse_waiter(raw)
-      members[#members + 1] = line_member(info.p, info.seq, string.sub(member, 3))
-      parts[info.p] = parts[info.p] or 0
-    end
-  end
-  redis.call('ZREM', K_EXP, unpack(expired))
-  redis.call('HDEL', K_STATE, unpack(expired))
-  if #members > 0 then waiting = waiting - redis.call('ZREM', K_LINE, unpack(members)) end
-  if freed > 0 or count > 0 then
-    used = math.max(0, used - freed)
-    redis.call('HSET', K_STATE, 'used', used, 'reclaimed', (tonumber(raws[1]) or 0) + count)
-  end
-  if part_freed > 0 then set_pused(math.max(0, pused - part_freed)) end
-  for part, units in pairs(parts) do part_changed(part, units) end
-  local fields = {...}
-  for i = 1, #fields do
-    local f = fields[i]
-    if gone[f] then
-      vals[i + 6] = false
-    elseif string.sub(f, 1, 2) == 'p:' and parts[string.sub(f, 3)] then
-      vals[i + 6] = redis.call('HGET', K_STATE, f)
-    end
-  end
-end
-
 -- Is this stored rate text a runtime override ("=...")?
-local function rate_overridden(text)
+function F.rate_overridden(text)
   return text and string.sub(text, 1, 1) == '='
 end
 
 -- The rate windows of a rate text ("<count> <period ms> ...", an override's with a leading
 -- '='), or false for ''.
-local function parse_rate(text)
+function F.parse_rate(text)
   if not text or text == '' then return false end
   local windows, max_p, min_n = {}, 0, math.huge
   for n, p in string.gmatch(text, '(%d+) (%d+)') do
@@ -298,8 +165,8 @@ end
 -- reclaims what has expired: at most 64 entries per call (the next call continues), and
 -- nothing more than one count when nothing has.  Returns the values of `...`, false where
 -- absent (or just reclaimed).
-local function begin(...)
-  now, now_text = now_ms()
+function F.begin(...)
+  now, now_text = F.now_ms()
   -- counting is cheaper than an empty range, and usually nothing has expired
   local expired = false
   if redis.call('ZCOUNT', K_EXP, '-inf', now_text) > 0 then
@@ -309,10 +176,10 @@ local function begin(...)
     'aimd', ...)
   waiting = redis.call('ZCARD', K_LINE)
   rate_stored = vals[5]
-  if rate_arg ~= nil and not rate_overridden(rate_stored) then
-    rate = parse_rate(rate_arg)
+  if rate_arg ~= nil and not F.rate_overridden(rate_stored) then
+    rate = F.parse_rate(rate_arg)
   else
-    rate = parse_rate(rate_stored)
+    rate = F.parse_rate(rate_stored)
   end
   rate_total, rate_last = 0, 0
   if rate then
@@ -340,8 +207,255 @@ local function begin(...)
       aimd = false
     end
   end
-  if expired then reclaim(expired, vals, ...) end
+  if expired then F.reclaim(expired, vals, ...) end
   return unpack(vals, 7, 6 + select('#', ...))
+end
+
+-- The limit in force: the runtime override, else the caller's.  (An adaptive limit lowers
+-- only how many units may be granted now: see adaptive_cap(); a weight is checked against
+-- this one.)
+function F.effective_limit(client_limit)
+  if limit_override then return tonumber(limit_override) end
+  return client_limit
+end
+
+-- Grant `weight` units to `ticket` (weight_text: the same, as sent; fence: the grant counter
+-- before this grant) in partition `part`, whose record (for a partition other than '') is
+-- `record` = {used, cap, weight}.  Returns the new fencing token and lease expiry.
+--
+-- When the ticket was released recently, its 'h:' member is its tombstone, which the lease
+-- must not overwrite: the tombstone is set aside as member 'd:'..ticket, same expiry, and the
+-- holder remembers that (aside), so that its own release replaces it (the latest release's
+-- tombstone is the one that counts, as if each release overwrote one tombstone per token).
+function F.grant(ticket, weight, weight_text, claim, owner, lease_ms, fence, part, record)
+  fence = fence + 1
+  used = used + weight
+  if rate then F.rate_record(weight) end
+  local expiry = now + lease_ms
+  local aside = '0'
+  if redis.call('ZADD', K_EXP, 'NX', expiry, 'h:' .. ticket) == 0 then
+    aside = '1'
+    redis.call('ZADD', K_EXP, redis.call('ZSCORE', K_EXP, 'h:' .. ticket), 'd:' .. ticket)
+    redis.call('ZADD', K_EXP, expiry, 'h:' .. ticket)
+  end
+  local holder = F.encode_holder(weight_text, fence, aside, claim, part, owner)
+  if part == '' then
+    redis.call('HSET', K_STATE, 'used', used, 'fence', fence, 'h:' .. ticket, holder)
+  else
+    pused = pused + weight
+    record[1] = record[1] + weight
+    redis.call('HSET', K_STATE, 'used', used, 'fence', fence, 'h:' .. ticket, holder,
+      'pused', pused, 'p:' .. part, record[1] .. ' ' .. record[2] .. ' ' .. record[3])
+  end
+  return fence, expiry
+end
+
+-- Is `token` remembered as released?  (Only asked when it is not held.)
+function F.tombstone(token)
+  return redis.call('ZSCORE', K_EXP, 'h:' .. token) or redis.call('ZSCORE', K_EXP, 'd:' .. token)
+end
+
+-- The partition's record takes this acquirer's cap (-1: none) and weight (the last writer's
+-- count); the default partition has one only when they are not the defaults (written here),
+-- another partition always (its used count too: written by store_record() or grant()).
+-- part_raw: its record as read.  Returns the record table for grant() (nil for '') and the
+-- units the partition holds.
+function F.partition_record(part, part_raw, cap, part_weight)
+  if part ~= '' then
+    local part_used = F.parse_part(part_raw)
+    return {part_used, cap, part_weight}, part_used
+  end
+  if cap < 0 and part_weight == 1 then
+    if part_raw then
+      redis.call('HDEL', K_STATE, 'p:')
+      default_record = false
+    end
+  else
+    local wanted = '0 ' .. cap .. ' ' .. part_weight
+    if part_raw ~= wanted then
+      redis.call('HSET', K_STATE, 'p:', wanted)
+      default_record = wanted
+    end
+  end
+  return nil, used - pused
+end
+
+-- Release the holder `token` (held: its state field, or false; hold_avg: the state's 'hold_avg'
+-- field as read, or false; timed: whether this release ends a hold worth timing).  Returns 1
+-- released now, 2 released already (tombstone), 0 not held, 3 held under another claim (claim
+-- '' matches any).  Only a timed release now (1) counts its hold time (now - acquired) into
+-- hold_avg: an exponential moving average, alpha 1/8, in integer ms (the first sets it); and
+-- it is a success for an adaptive limit (see aimd_success(); limit: the limit in force).
+function F.release_holder(token, held, claim, tomb_ms, hold_avg, timed, limit)
+  if not held then
+    if F.tombstone(token) then return 2 end
+    return 0
+  end
+  local weight, held_fence, held_claim, aside, part, at = F.parse_holder(held)
+  if claim ~= '' and held_claim ~= claim then return 3 end
+  -- the holder's member becomes the tombstone (tombstone_ms 0: gone at the next call)
+  used = math.max(0, used - weight)
+  if timed then
+    local hold = math.max(0, now - (tonumber(at) or now))
+    local avg = tonumber(hold_avg)
+    if avg then avg = math.floor((7 * avg + hold + 4) / 8) else avg = hold end
+    redis.call('HSET', K_STATE, 'used', used, 'hold_avg', avg)
+  else
+    redis.call('HSET', K_STATE, 'used', used)
+  end
+  redis.call('HDEL', K_STATE, 'h:' .. token)
+  redis.call('ZADD', K_EXP, now + tomb_ms, 'h:' .. token)
+  if aside then redis.call('ZREM', K_EXP, 'd:' .. token) end  -- this release's counts now
+  if part ~= '' then F.set_pused(math.max(0, pused - weight)) end
+  if part ~= '' or default_record then F.part_changed(part, weight) end
+  if timed and aimd then F.aimd_success(weight, held_fence, limit) end
+  return 1
+end
+
+-- The functions of the slower paths (waiting in line, partitions, rates, adaptive limits,
+-- reclaiming, wake-ups): made on first use, see F above.
+local function define_rest()
+
+function F.use(i)
+  if i == current then return end
+  members[current] = {used, limit_override, waiting, reclaimed, pused, default_record, rate,
+                      rate_total, rate_last, rate_stored, aimd}
+  K_EXP, K_STATE, K_LINE, K_RATE = KEYS[4 * i - 3], KEYS[4 * i - 2], KEYS[4 * i - 1], KEYS[4 * i]
+  local saved = members[i]
+  if saved then
+    used, limit_override, waiting, reclaimed, pused, default_record, rate, rate_total,
+      rate_last, rate_stored, aimd = unpack(saved, 1, 11)
+  else
+    used, limit_override, waiting, reclaimed, pused, default_record = 0, false, 0, 0, 0, false
+    rate, rate_total, rate_last, rate_stored, aimd = false, 0, 0, false, false
+  end
+  current = i
+end
+
+-- The line member's prefix for a partition (every member of it starts with this, and no
+-- member of another partition does: the length comes first).
+function F.part_prefix(part)
+  return string.format('%04d', #part) .. part
+end
+
+function F.line_member(part, seq, ticket)
+  return F.part_prefix(part) .. string.format('%015d', seq) .. ticket
+end
+
+-- partition, seq, ticket and prefix of a line member
+function F.split_member(member)
+  local n = tonumber(string.sub(member, 1, 4))
+  return string.sub(member, 5, 4 + n), tonumber(string.sub(member, 5 + n, 19 + n)),
+    string.sub(member, 20 + n), string.sub(member, 1, 4 + n)
+end
+
+function F.part_has_waiters(part)
+  local pre = F.part_prefix(part)
+  return redis.call('ZRANGEBYLEX', K_LINE, '[' .. pre, '(' .. pre .. '\255', 'LIMIT', 0, 1)[1]
+    ~= nil
+end
+
+-- A partition record: used, cap (false: none), weight.
+function F.parse_part(raw)
+  if not raw then return 0, false, 1 end
+  local u, c, w = string.match(raw, '^(%S+) (%S+) (%S+)$')
+  c = tonumber(c)
+  if c < 0 then c = false end
+  return tonumber(u), c, tonumber(w)
+end
+
+function F.set_pused(value)
+  pused = value
+  if value > 0 then
+    redis.call('HSET', K_STATE, 'pused', value)
+  else
+    redis.call('HDEL', K_STATE, 'pused')
+  end
+end
+
+-- `part` gave back `units` held units (used and pused are the caller's business), and may have
+-- lost its last waiter: keep its record only while it has holders or waiters.
+function F.part_changed(part, units)
+  if part == '' then
+    if default_record and used - pused <= 0 and not F.part_has_waiters('') then
+      redis.call('HDEL', K_STATE, 'p:')
+      default_record = false
+    end
+    return
+  end
+  local field = 'p:' .. part
+  local raw = redis.call('HGET', K_STATE, field)
+  if not raw then return end
+  local u, c, w = F.parse_part(raw)
+  u = math.max(0, u - units)
+  if u == 0 and not F.part_has_waiters(part) then
+    redis.call('HDEL', K_STATE, field)
+  elseif units > 0 then
+    redis.call('HSET', K_STATE, field, u .. ' ' .. (c or -1) .. ' ' .. w)
+  end
+end
+
+function F.parse_waiter(raw)
+  local w, since, e, wk, g, seq, np, n, p =
+    string.match(raw, '^(%d+) (%S+) (%S+) (%S+) (%S+) (%d+) (%d+) (%d+) ()')
+  local pstop = p + tonumber(np)
+  local stop = pstop + tonumber(n)
+  return {w = tonumber(w), since = since, e = tonumber(e), wk = tonumber(wk), g = tonumber(g),
+          seq = tonumber(seq), p = string.sub(raw, p, pstop - 1),
+          d = string.sub(raw, pstop, stop - 1), o = string.sub(raw, stop)}
+end
+
+function F.encode_waiter(info)
+  return info.w .. ' ' .. info.since .. ' ' .. info.e .. ' ' .. info.wk .. ' ' .. info.g .. ' '
+    .. info.seq .. ' ' .. #info.p .. ' ' .. #info.d .. ' ' .. info.p .. info.d .. info.o
+end
+
+-- Take back the units of holders whose lease ran out, forget waiters whose place expired, and
+-- drop old tombstones: the `expired` members (vals: begin()'s HMGET reply for `...`, its
+-- fields; those just removed are set to false there, and partition records re-read).  Reads
+-- first, like begin().  Adds the holders reclaimed to the state's running total `reclaimed`
+-- (read with the expired fields, written with `used`: no extra call).
+function F.reclaim(expired, vals, ...)
+  -- raws[1]: the running total; raws[i + 1]: expired[i]'s field
+  local raws = redis.call('HMGET', K_STATE, 'reclaimed', unpack(expired))
+  local freed, members, gone, count = 0, {}, {}, 0
+  local parts, part_freed = {}, 0  -- partition -> units freed (0: lost a waiter)
+  for i, member in ipairs(expired) do
+    gone[member] = true
+    local kind, raw = string.sub(member, 1, 2), raws[i + 1]
+    if kind == 'h:' then
+      if raw then  -- a holder whose lease ran out (without a field: a tombstone's time is up)
+        reclaimed = reclaimed + 1
+        count = count + 1
+        local w, _, _, _, part = F.parse_holder(raw)
+        freed = freed + w
+        parts[part] = (parts[part] or 0) + w
+        if part ~= '' then part_freed = part_freed + w end
+      end
+    elseif kind == 'w:' and raw then
+      local info = F.parse_waiter(raw)
+      members[#members + 1] = F.line_member(info.p, info.seq, string.sub(member, 3))
+      parts[info.p] = parts[info.p] or 0
+    end
+  end
+  redis.call('ZREM', K_EXP, unpack(expired))
+  redis.call('HDEL', K_STATE, unpack(expired))
+  if #members > 0 then waiting = waiting - redis.call('ZREM', K_LINE, unpack(members)) end
+  if freed > 0 or count > 0 then
+    used = math.max(0, used - freed)
+    redis.call('HSET', K_STATE, 'used', used, 'reclaimed', (tonumber(raws[1]) or 0) + count)
+  end
+  if part_freed > 0 then F.set_pused(math.max(0, pused - part_freed)) end
+  for part, units in pairs(parts) do F.part_changed(part, units) end
+  local fields = {...}
+  for i = 1, #fields do
+    local f = fields[i]
+    if gone[f] then
+      vals[i + 6] = false
+    elseif string.sub(f, 1, 2) == 'p:' and parts[string.sub(f, 3)] then
+      vals[i + 6] = redis.call('HGET', K_STATE, f)
+    end
+  end
 end
 
 -- Rates (docs/concepts.md, "Rates"): a sliding log of starts, exact to the server's ms.  A
@@ -349,7 +463,7 @@ end
 -- (now - period, now] plus w are at most count.
 
 -- The weight started in the last `p` ms.
-local function rate_used(p)
+function F.rate_used(p)
   local first = redis.call('ZRANGEBYSCORE', K_RATE, '(' .. (now - p), '+inf', 'LIMIT', 0, 1)
   if not first[1] then return 0 end
   local total, w = string.match(first[1], '^(%d+) (%d+)$')
@@ -357,11 +471,11 @@ local function rate_used(p)
 end
 
 -- How much weight may start now: the least room left in any window (math.huge: no rate).
-local function rate_budget()
+function F.rate_budget()
   if not rate then return math.huge end
   local budget = math.huge
   for _, win in ipairs(rate.windows) do
-    local room = win[1] - rate_used(win[2])
+    local room = win[1] - F.rate_used(win[2])
     if room < budget then budget = room end
   end
   return budget
@@ -370,13 +484,13 @@ end
 -- Milliseconds until every window has room for `w` more (0: now; -1: never, w is over a
 -- window's count).  Per full window: a binary search over the starts in it (log2 of their
 -- number ZRANGE calls) for the start whose leaving makes room.
-local function rate_wait(w)
+function F.rate_wait(w)
   if not rate then return 0 end
   local wait = 0
   for _, win in ipairs(rate.windows) do
     local n, p = win[1], win[2]
     if w > n then return -1 end
-    if rate_used(p) + w > n then
+    if F.rate_used(p) + w > n then
       -- the first start whose running total reaches `target` leaves at its time + p
       local target = rate_total - n + w
       local lo = redis.call('ZCOUNT', K_RATE, '-inf', now - p)
@@ -395,7 +509,7 @@ local function rate_wait(w)
 end
 
 -- Count a start of `w` units against the rate (every grant calls it).
-local function rate_record(w)
+function F.rate_record(w)
   rate_total = rate_total + w
   local t = math.max(now, rate_last)  -- scores never go back: the log stays in start order
   rate_last = t
@@ -404,30 +518,22 @@ local function rate_record(w)
   redis.call('PEXPIRE', K_RATE, rate.max_p + 1000)
 end
 
--- The limit in force: the runtime override, else the caller's.  (An adaptive limit lowers
--- only how many units may be granted now: see adaptive_cap(); a weight is checked against
--- this one.)
-local function effective_limit(client_limit)
-  if limit_override then return tonumber(limit_override) end
-  return client_limit
-end
-
 -- How many units may be held now under `limit` (the limit in force): the adaptive limit when
 -- it is lower.
-local function adaptive_cap(limit)
+function F.adaptive_cap(limit)
   if aimd and aimd.cwnd > 0 and aimd.cwnd < limit then return aimd.cwnd end
   return limit
 end
 
 -- Milliseconds until the throttle pause ends (0: no pause).
-local function pause_left()
+function F.pause_left()
   if aimd and aimd.pause > now then return aimd.pause - now end
   return 0
 end
 
 -- Write the adaptive state back (the field goes once nothing is lowered, paused or
 -- remembered).
-local function store_aimd()
+function F.store_aimd()
   local a = aimd
   if not a then return end
   if a.cwnd == 0 and a.pause <= now and a.till <= now then
@@ -446,7 +552,7 @@ end
 -- grows by 1 each time cwnd units have been released this way (TCP's congestion avoidance:
 -- about +1 per round of the limit), and the lowered limit is forgotten once it reaches
 -- `limit`.
-local function aimd_success(weight, fence, limit)
+function F.aimd_success(weight, fence, limit)
   local a = aimd
   if not a or a.cwnd == 0 or fence <= a.fence then return end
   local acc, cwnd = a.acc + weight, a.cwnd
@@ -457,86 +563,25 @@ local function aimd_success(weight, fence, limit)
   end
   if cwnd >= limit then cwnd, acc = 0, 0 end
   a.cwnd, a.acc = cwnd, acc
-  store_aimd()
-end
-
--- Grant `weight` units to `ticket` (weight_text: the same, as sent; fence: the grant counter
--- before this grant) in partition `part`, whose record (for a partition other than '') is
--- `record` = {used, cap, weight}.  Returns the new fencing token and lease expiry.
---
--- When the ticket was released recently, its 'h:' member is its tombstone, which the lease
--- must not overwrite: the tombstone is set aside as member 'd:'..ticket, same expiry, and the
--- holder remembers that (aside), so that its own release replaces it (the latest release's
--- tombstone is the one that counts, as if each release overwrote one tombstone per token).
-local function grant(ticket, weight, weight_text, claim, owner, lease_ms, fence, part, record)
-  fence = fence + 1
-  used = used + weight
-  if rate then rate_record(weight) end
-  local expiry = now + lease_ms
-  local aside = '0'
-  if redis.call('ZADD', K_EXP, 'NX', expiry, 'h:' .. ticket) == 0 then
-    aside = '1'
-    redis.call('ZADD', K_EXP, redis.call('ZSCORE', K_EXP, 'h:' .. ticket), 'd:' .. ticket)
-    redis.call('ZADD', K_EXP, expiry, 'h:' .. ticket)
-  end
-  local holder = encode_holder(weight_text, fence, aside, claim, part, owner)
-  if part == '' then
-    redis.call('HSET', K_STATE, 'used', used, 'fence', fence, 'h:' .. ticket, holder)
-  else
-    pused = pused + weight
-    record[1] = record[1] + weight
-    redis.call('HSET', K_STATE, 'used', used, 'fence', fence, 'h:' .. ticket, holder,
-      'pused', pused, 'p:' .. part, record[1] .. ' ' .. record[2] .. ' ' .. record[3])
-  end
-  return fence, expiry
-end
-
--- Is `token` remembered as released?  (Only asked when it is not held.)
-local function tombstone(token)
-  return redis.call('ZSCORE', K_EXP, 'h:' .. token) or redis.call('ZSCORE', K_EXP, 'd:' .. token)
+  F.store_aimd()
 end
 
 -- Forget that `token` was released (its tombstone, and one set aside by a grant): a new
 -- execution of the ticket starts, and its later copies must not be taken for the old one's.
 -- Only for a token that is not held (its 'h:' member is then a tombstone, if anything).
-local function forget_done(token)
+function F.forget_done(token)
   redis.call('ZREM', K_EXP, 'h:' .. token, 'd:' .. token)
 end
 
 -- Remove the waiter `ticket` (its parsed state field: `info`) from the line.
-local function drop_waiter(ticket, info)
-  waiting = waiting - redis.call('ZREM', K_LINE, line_member(info.p, info.seq, ticket))
+function F.drop_waiter(ticket, info)
+  waiting = waiting - redis.call('ZREM', K_LINE, F.line_member(info.p, info.seq, ticket))
   redis.call('ZREM', K_EXP, 'w:' .. ticket)
   redis.call('HDEL', K_STATE, 'w:' .. ticket)
-  part_changed(info.p, 0)
+  F.part_changed(info.p, 0)
 end
 
--- The partition's record takes this acquirer's cap (-1: none) and weight (the last writer's
--- count); the default partition has one only when they are not the defaults (written here),
--- another partition always (its used count too: written by store_record() or grant()).
--- part_raw: its record as read.  Returns the record table for grant() (nil for '') and the
--- units the partition holds.
-local function partition_record(part, part_raw, cap, part_weight)
-  if part ~= '' then
-    local part_used = parse_part(part_raw)
-    return {part_used, cap, part_weight}, part_used
-  end
-  if cap < 0 and part_weight == 1 then
-    if part_raw then
-      redis.call('HDEL', K_STATE, 'p:')
-      default_record = false
-    end
-  else
-    local wanted = '0 ' .. cap .. ' ' .. part_weight
-    if part_raw ~= wanted then
-      redis.call('HSET', K_STATE, 'p:', wanted)
-      default_record = wanted
-    end
-  end
-  return nil, used - pused
-end
-
-local function store_record(part, part_raw, record)
+function F.store_record(part, part_raw, record)
   if not record then return end
   local wanted = record[1] .. ' ' .. record[2] .. ' ' .. record[3]
   if part_raw ~= wanted then redis.call('HSET', K_STATE, 'p:' .. part, wanted) end
@@ -544,15 +589,15 @@ end
 
 -- Put `ticket` in line (info: its parsed waiter field when it has a place already, else
 -- false), or update its place; returns its waiter info.
-local function enqueue(ticket, info, weight, epoch, owner, data, grace, part)
+function F.enqueue(ticket, info, weight, epoch, owner, data, grace, part)
   local moved_from = false
   if info then
     -- a changed waiter is named again in a later wake-up (with its new data), unless it was
     -- named just now: then this call is it coming for its units
     if (info.d ~= data or info.e ~= epoch) and now - info.wk >= info.g then info.wk = 0 end
     if info.p ~= part then  -- the ticket comes back in another partition: same arrival number
-      redis.call('ZREM', K_LINE, line_member(info.p, info.seq, ticket))
-      redis.call('ZADD', K_LINE, 0, line_member(part, info.seq, ticket))
+      redis.call('ZREM', K_LINE, F.line_member(info.p, info.seq, ticket))
+      redis.call('ZADD', K_LINE, 0, F.line_member(part, info.seq, ticket))
       moved_from = info.p
     end
     info.w, info.e, info.o, info.d, info.g, info.p = weight, epoch, owner, data, grace, part
@@ -560,50 +605,18 @@ local function enqueue(ticket, info, weight, epoch, owner, data, grace, part)
     local seq = redis.call('HINCRBY', K_STATE, 'seq', 1)
     info = {w = weight, since = now_text, e = epoch, o = owner, d = data, wk = 0, g = grace,
             seq = seq, p = part}
-    redis.call('ZADD', K_LINE, 0, line_member(part, seq, ticket))
+    redis.call('ZADD', K_LINE, 0, F.line_member(part, seq, ticket))
     waiting = waiting + 1
   end
-  redis.call('HSET', K_STATE, 'w:' .. ticket, encode_waiter(info))
-  if moved_from then part_changed(moved_from, 0) end
+  redis.call('HSET', K_STATE, 'w:' .. ticket, F.encode_waiter(info))
+  if moved_from then F.part_changed(moved_from, 0) end
   return info
 end
 
 -- The waiter's position in its partition's line (0: the head).
-local function position(ticket, info)
-  return redis.call('ZLEXCOUNT', K_LINE, '[' .. part_prefix(info.p),
-    '(' .. line_member(info.p, info.seq, ticket))
-end
-
--- Release the holder `token` (held: its state field, or false; hold_avg: the state's 'hold_avg'
--- field as read, or false; timed: whether this release ends a hold worth timing).  Returns 1
--- released now, 2 released already (tombstone), 0 not held, 3 held under another claim (claim
--- '' matches any).  Only a timed release now (1) counts its hold time (now - acquired) into
--- hold_avg: an exponential moving average, alpha 1/8, in integer ms (the first sets it); and
--- it is a success for an adaptive limit (see aimd_success(); limit: the limit in force).
-local function release_holder(token, held, claim, tomb_ms, hold_avg, timed, limit)
-  if not held then
-    if tombstone(token) then return 2 end
-    return 0
-  end
-  local weight, held_fence, held_claim, aside, part, at = parse_holder(held)
-  if claim ~= '' and held_claim ~= claim then return 3 end
-  -- the holder's member becomes the tombstone (tombstone_ms 0: gone at the next call)
-  used = math.max(0, used - weight)
-  if timed then
-    local hold = math.max(0, now - (tonumber(at) or now))
-    local avg = tonumber(hold_avg)
-    if avg then avg = math.floor((7 * avg + hold + 4) / 8) else avg = hold end
-    redis.call('HSET', K_STATE, 'used', used, 'hold_avg', avg)
-  else
-    redis.call('HSET', K_STATE, 'used', used)
-  end
-  redis.call('HDEL', K_STATE, 'h:' .. token)
-  redis.call('ZADD', K_EXP, now + tomb_ms, 'h:' .. token)
-  if aside then redis.call('ZREM', K_EXP, 'd:' .. token) end  -- this release's counts now
-  if part ~= '' then set_pused(math.max(0, pused - weight)) end
-  if part ~= '' or default_record then part_changed(part, weight) end
-  if timed and aimd then aimd_success(weight, held_fence, limit) end
-  return 1
+function F.position(ticket, info)
+  return redis.call('ZLEXCOUNT', K_LINE, '[' .. F.part_prefix(info.p),
+    '(' .. F.line_member(info.p, info.seq, ticket))
 end
 
 -- The waiters that the free units belong to, in the order they are served.
@@ -628,21 +641,21 @@ end
 --
 -- Cost: one ZRANGEBYLEX per partition with waiters and per 16 waiters looked at beyond the
 -- first batch (as many as the free units, at most 16), and one HMGET per batch looked at.
-local function entitled(limit, aging)
+function F.entitled(limit, aging)
   local out = {}
   -- an adaptive limit lowers the units that may be held; a waiter heavier than it (not than
   -- `limit`) may still start alone, when nothing is held (else it could never start)
-  local free = adaptive_cap(limit) - used
+  local free = F.adaptive_cap(limit) - used
   local alone = used == 0 and free < limit
   rate_blocked = false
   if waiting <= 0 or free <= 0 then return out end
-  if aimd and pause_left() > 0 then
+  if aimd and F.pause_left() > 0 then
     -- a throttle pause: nobody starts; the heads learn when it ends (see name_heads())
     rate_blocked = true
     return out
   end
   -- with a rate, a second budget: the weight that may start now (see rate_budget())
-  local rate_free = rate and rate_budget() or math.huge
+  local rate_free = rate and F.rate_budget() or math.huge
   if rate_free <= 0 then
     rate_blocked = true
     return out
@@ -658,7 +671,7 @@ local function entitled(limit, aging)
     local batch = redis.call('ZRANGEBYLEX', K_LINE, from, '+', 'LIMIT', 0, first)
     local last
     for _, member in ipairs(batch) do
-      local part, seq, ticket, pre = split_member(member)
+      local part, seq, ticket, pre = F.split_member(member)
       if not last or last.pre ~= pre then
         last = {name = part, pre = pre, members = {}, at = 1, done = false}
         parts[#parts + 1] = last
@@ -674,7 +687,7 @@ local function entitled(limit, aging)
   if #parts == 0 then return out end
   local records = redis.call('HMGET', K_STATE, unpack(fields))
   for i, p in ipairs(parts) do
-    local u, c, w = parse_part(records[i])
+    local u, c, w = F.parse_part(records[i])
     if p.name == '' then u = used - pused end
     p.used, p.cap, p.w = u, c, w
   end
@@ -688,7 +701,7 @@ local function entitled(limit, aging)
       local batch = redis.call('ZRANGEBYLEX', K_LINE, '(' .. p.tail, '(' .. p.pre .. '\255',
         'LIMIT', 0, 16)
       for _, member in ipairs(batch) do
-        local _, seq, ticket = split_member(member)
+        local _, seq, ticket = F.split_member(member)
         members[#members + 1] = {seq, ticket}
         p.tail = member
       end
@@ -702,7 +715,7 @@ local function entitled(limit, aging)
       local raws = redis.call('HMGET', K_STATE, unpack(wanted))
       for i = p.at, #members do
         local raw = raws[i - p.at + 1]
-        members[i][3] = raw and parse_waiter(raw) or false
+        members[i][3] = raw and F.parse_waiter(raw) or false
       end
     end
     return entry
@@ -788,17 +801,17 @@ end
 -- marking it woken.  When entitled() found the rate, not the units, in the way (rate_blocked),
 -- collect_wakes() calls this, so the next heads learn at once when their window opens (their
 -- own call returns that: nobody releases when it does) instead of at their next poll.
-local function name_heads(list, me, reply)
+function F.name_heads(list, me, reply)
   local skip = {[me] = true}
   for _, entry in ipairs(list) do skip[entry[1]] = true end
   local from = '-'
   for _ = 1, 16 do
     local member = redis.call('ZRANGEBYLEX', K_LINE, from, '+', 'LIMIT', 0, 1)[1]
     if not member then break end
-    local _, _, ticket, pre = split_member(member)
+    local _, _, ticket, pre = F.split_member(member)
     if not skip[ticket] then
       local raw = redis.call('HGET', K_STATE, 'w:' .. ticket)
-      if raw and parse_waiter(raw).d == '' then
+      if raw and F.parse_waiter(raw).d == '' then
         reply[#reply + 1] = ticket
         reply[#reply + 1] = ''
       end
@@ -811,7 +824,7 @@ end
 -- Of the entitled waiters other than `me`, those to wake now: each is named at most once per
 -- `grace` ms, so a burst of calls does not send a burst of wake-ups.  Appends ticket, data
 -- pairs to `reply`.
-local function collect_wakes(list, me, grace, reply)
+function F.collect_wakes(list, me, grace, reply)
   local marks = {}
   for _, entry in ipairs(list) do
     local ticket, info = entry[1], entry[2]
@@ -820,7 +833,7 @@ local function collect_wakes(list, me, grace, reply)
         and (now - (info.wk or 0)) >= (info.g or grace) then
       info.wk = now
       marks[#marks + 1] = 'w:' .. ticket
-      marks[#marks + 1] = encode_waiter(info)
+      marks[#marks + 1] = F.encode_waiter(info)
       reply[#reply + 1] = ticket
       reply[#reply + 1] = info.d
       if #marks >= 512 then  -- one HSET per 256 waiters: unpack() takes only so many values
@@ -830,8 +843,15 @@ local function collect_wakes(list, me, grace, reply)
     end
   end
   if #marks > 0 then redis.call('HSET', K_STATE, unpack(marks)) end
-  if rate_blocked and name_rate_heads and waiting > 0 then name_heads(list, me, reply) end
+  if rate_blocked and name_rate_heads and waiting > 0 then F.name_heads(list, me, reply) end
   rate_blocked = false
   return reply
 end
 
+end
+
+setmetatable(F, {__index = function(t, name)
+  setmetatable(t, nil)
+  define_rest()
+  return rawget(t, name)
+end})

@@ -64,10 +64,10 @@ check_done = check_done == '1'
 
 rate_arg = ARGV[7]
 name_rate_heads = false  -- the caller is a waiter: it does not wake the heads on each poll
-local held, raw, fence, part_raw = begin('h:' .. ticket, 'w:' .. ticket, 'fence', 'p:' .. part)
+local held, raw, fence, part_raw = F.begin('h:' .. ticket, 'w:' .. ticket, 'fence', 'p:' .. part)
 fence = tonumber(fence) or 0
-local limit = effective_limit(client_limit)
-if rate_arg ~= (rate_stored or '') and not rate_overridden(rate_stored) then
+local limit = F.effective_limit(client_limit)
+if rate_arg ~= (rate_stored or '') and not F.rate_overridden(rate_stored) then
   if rate then
     redis.call('HSET', K_STATE, 'rate', rate_arg)
   else
@@ -79,45 +79,45 @@ end
 -- expired lease or place) whatever this call's own outcome, and those units belong to waiters
 -- in line.
 local function finish(reply, list)
-  return collect_wakes(list or entitled(limit, aging), ticket, grace, reply)
+  return F.collect_wakes(list or F.entitled(limit, aging), ticket, grace, reply)
 end
 
 if held then
-  local _, held_fence, held_claim = parse_holder(held)
+  local _, held_fence, held_claim = F.parse_holder(held)
   if held_claim ~= claim then return finish({3, 0, 0, now, limit, 0}) end
   local expiry = now + lease_ms
   redis.call('ZADD', K_EXP, 'XX', expiry, 'h:' .. ticket)
   return finish({2, held_fence, expiry, now, limit, 0})
 end
-if check_done and tombstone(ticket) then
-  if raw then drop_waiter(ticket, parse_waiter(raw)) end
+if check_done and F.tombstone(ticket) then
+  if raw then F.drop_waiter(ticket, F.parse_waiter(raw)) end
   return finish({4, 0, 0, now, limit, 0})
 end
-if forget then forget_done(ticket) end
+if forget then F.forget_done(ticket) end
 if weight > limit then return finish({6, limit, 0, now, limit, 0}) end
 
 local info
 if raw then
-  info = parse_waiter(raw)
+  info = F.parse_waiter(raw)
   if epoch < info.e then return finish({8, info.e, 0, now, limit, 0}) end
 end
 
-local record, part_used = partition_record(part, part_raw, cap, part_weight)
+local record, part_used = F.partition_record(part, part_raw, cap, part_weight)
 local room = cap < 0 or part_used + weight <= cap
 
 -- Fast path: nobody in line and room enough, so the grant cannot pass anyone.  (With an
 -- adaptive state, room under its lowered limit, or alone, and no pause: see entitled().)
 local fits = used + weight <= limit
-if aimd then fits = pause_left() == 0 and (used + weight <= adaptive_cap(limit) or used == 0) end
-if waiting == 0 and fits and room and (not rate or rate_budget() >= weight) then
+if aimd then fits = F.pause_left() == 0 and (used + weight <= F.adaptive_cap(limit) or used == 0) end
+if waiting == 0 and fits and room and (not rate or F.rate_budget() >= weight) then
   local granted, expiry =
-    grant(ticket, weight, weight_text, claim, owner, lease_ms, fence, part, record)
+    F.grant(ticket, weight, weight_text, claim, owner, lease_ms, fence, part, record)
   return {1, granted, expiry, now, limit, 0}
 end
-store_record(part, part_raw, record)
-info = enqueue(ticket, info or false, weight, epoch, owner, data, grace, part)
+F.store_record(part, part_raw, record)
+info = F.enqueue(ticket, info or false, weight, epoch, owner, data, grace, part)
 
-local list = entitled(limit, aging)
+local list = F.entitled(limit, aging)
 local mine = false
 for _, entry in ipairs(list) do
   if entry[1] == ticket then mine = true break end
@@ -126,24 +126,24 @@ end
 if mine then
   -- grant first: the partition then has a holder, so leaving the line keeps its record
   local granted, expiry =
-    grant(ticket, weight, weight_text, claim, owner, lease_ms, fence, part, record)
-  drop_waiter(ticket, info)
+    F.grant(ticket, weight, weight_text, claim, owner, lease_ms, fence, part, record)
+  F.drop_waiter(ticket, info)
   -- `list` still holds the other waiters the free units belong to
   local blocked = rate_blocked  -- (finish() clears it)
   local reply = finish({1, granted, expiry, now, limit, 0}, list)
   -- a start that used up the rate's room: the next heads learn when their window opens (see
   -- name_heads())
-  if blocked and waiting > 0 then name_heads(list, ticket, reply) end
+  if blocked and waiting > 0 then F.name_heads(list, ticket, reply) end
   return reply
 end
 
 if place_ttl > 0 then
   redis.call('ZADD', K_EXP, now + place_ttl, 'w:' .. ticket)
-  local retry = rate_wait(weight)
-  if retry >= 0 and aimd then retry = math.max(retry, pause_left()) end
-  return finish({5, position(ticket, info), epoch, now, limit, retry}, list)
+  local retry = F.rate_wait(weight)
+  if retry >= 0 and aimd then retry = math.max(retry, F.pause_left()) end
+  return finish({5, F.position(ticket, info), epoch, now, limit, retry}, list)
 end
-drop_waiter(ticket, info)
+F.drop_waiter(ticket, info)
 -- Leaving the line (a ticket that had a place and now asks not to keep it) can hand the units
 -- it stood in front of to those behind it: work out who is entitled again.
 return finish({7, 0, 0, now, limit, 0})

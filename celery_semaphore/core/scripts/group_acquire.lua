@@ -44,9 +44,9 @@ end
 
 local M = {}
 for i = 1, m do
-  use(i)
-  local held, raw, fence, part_raw = begin('h:' .. ticket, 'w:' .. ticket, 'fence', 'p:' .. part)
-  local limit = effective_limit(tonumber(spec[3 * i - 1]))
+  F.use(i)
+  local held, raw, fence, part_raw = F.begin('h:' .. ticket, 'w:' .. ticket, 'fence', 'p:' .. part)
+  local limit = F.effective_limit(tonumber(spec[3 * i - 1]))
   M[i] = {held = held, raw = raw, fence = tonumber(fence) or 0, part_raw = part_raw,
           limit = limit, weight = tonumber(spec[3 * i - 2]), weight_text = spec[3 * i - 2],
           cap = tonumber(spec[3 * i])}
@@ -61,9 +61,9 @@ end
 -- Name the waiters to wake in every member (lists: what entitled() gave, when known).
 local function finish(out, lists)
   for i = 1, m do
-    use(i)
-    local list = lists and lists[i] or entitled(M[i].limit, aging)
-    local found = collect_wakes(list, ticket, grace, {})
+    F.use(i)
+    local list = lists and lists[i] or F.entitled(M[i].limit, aging)
+    local found = F.collect_wakes(list, ticket, grace, {})
     for j = 1, #found, 2 do
       out[#out + 1] = i
       out[#out + 1] = found[j]
@@ -76,7 +76,7 @@ end
 local n_held, n_mine, fences = 0, 0, {}
 for i = 1, m do
   if M[i].held then
-    local _, fence, held_claim = parse_holder(M[i].held)
+    local _, fence, held_claim = F.parse_holder(M[i].held)
     n_held = n_held + 1
     fences[i] = fence
     if held_claim == claim then n_mine = n_mine + 1 end
@@ -86,7 +86,7 @@ if n_held > 0 then
   if n_mine < m then return finish(reply(3, 0, 0, 0)) end
   local expiry = now + lease_ms
   for i = 1, m do
-    use(i)
+    F.use(i)
     redis.call('ZADD', K_EXP, 'XX', expiry, 'h:' .. ticket)
   end
   return finish(reply(2, 0, expiry, 0, fences))
@@ -94,23 +94,23 @@ end
 if check_done then
   local done = false
   for i = 1, m do
-    use(i)
-    if tombstone(ticket) then done = true end
+    F.use(i)
+    if F.tombstone(ticket) then done = true end
   end
   if done then
     -- the execution is over: its places go too
     for i = 1, m do
       if M[i].raw then
-        use(i)
-        drop_waiter(ticket, parse_waiter(M[i].raw))
+        F.use(i)
+        F.drop_waiter(ticket, F.parse_waiter(M[i].raw))
       end
     end
     return finish(reply(4, 0, 0, 0))
   end
 elseif forget then
   for i = 1, m do
-    use(i)
-    forget_done(ticket)
+    F.use(i)
+    F.forget_done(ticket)
   end
 end
 for i = 1, m do
@@ -118,7 +118,7 @@ for i = 1, m do
 end
 for i = 1, m do
   if M[i].raw then
-    M[i].info = parse_waiter(M[i].raw)
+    M[i].info = F.parse_waiter(M[i].raw)
     if epoch < M[i].info.e then return finish(reply(8, M[i].info.e, 0, 0)) end
   end
 end
@@ -126,15 +126,15 @@ end
 -- a place in every line, then: is every member's share ours?
 local lists, all_mine = {}, true
 for i = 1, m do
-  use(i)
+  F.use(i)
   local x = M[i]
-  x.record = partition_record(part, x.part_raw, x.cap, part_weight)
-  store_record(part, x.part_raw, x.record)
-  x.info = enqueue(ticket, x.info or false, x.weight, epoch, owner, data, grace, part)
+  x.record = F.partition_record(part, x.part_raw, x.cap, part_weight)
+  F.store_record(part, x.part_raw, x.record)
+  x.info = F.enqueue(ticket, x.info or false, x.weight, epoch, owner, data, grace, part)
 end
 for i = 1, m do
-  use(i)
-  lists[i] = entitled(M[i].limit, aging)
+  F.use(i)
+  lists[i] = F.entitled(M[i].limit, aging)
   local mine = false
   for _, entry in ipairs(lists[i]) do
     if entry[1] == ticket then mine = true break end
@@ -145,11 +145,11 @@ end
 if all_mine then
   local expiry = 0
   for i = 1, m do
-    use(i)
+    F.use(i)
     local x = M[i]
-    local fence, until_ms = grant(ticket, x.weight, x.weight_text, claim, owner, lease_ms,
+    local fence, until_ms = F.grant(ticket, x.weight, x.weight_text, claim, owner, lease_ms,
       x.fence, part, x.record)
-    drop_waiter(ticket, x.info)
+    F.drop_waiter(ticket, x.info)
     fences[i] = fence
     expiry = math.max(expiry, until_ms)
   end
@@ -159,15 +159,15 @@ end
 if place_ttl > 0 then
   local positions, most = {}, 0
   for i = 1, m do
-    use(i)
+    F.use(i)
     redis.call('ZADD', K_EXP, now + place_ttl, 'w:' .. ticket)
-    positions[i] = position(ticket, M[i].info)
+    positions[i] = F.position(ticket, M[i].info)
     most = math.max(most, positions[i])
   end
   return finish(reply(5, most, epoch, 0, positions), lists)
 end
 for i = 1, m do
-  use(i)
-  drop_waiter(ticket, M[i].info)
+  F.use(i)
+  F.drop_waiter(ticket, M[i].info)
 end
 return finish(reply(7, 0, 0, 0))

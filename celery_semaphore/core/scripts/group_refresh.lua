@@ -27,11 +27,11 @@ for value in string.gmatch(ARGV[3], '%S+') do limits[#limits + 1] = tonumber(val
 
 local holders, waiters, n_held, n_waiting, foreign = {}, {}, 0, 0, false
 for i = 1, m do
-  use(i)
-  local holder, waiter = begin('h:' .. token, 'w:' .. token)
+  F.use(i)
+  local holder, waiter = F.begin('h:' .. token, 'w:' .. token)
   holders[i], waiters[i] = holder or false, waiter or false
   if holder and claim ~= '' then
-    local _, _, held_claim = parse_holder(holder)
+    local _, _, held_claim = F.parse_holder(holder)
     if held_claim ~= claim then foreign = true end
   end
   if holder then n_held = n_held + 1 end
@@ -42,8 +42,8 @@ local status, expiry = 0, 0
 if mode == 'w' then
   for i = 1, m do
     if waiters[i] then
-      use(i)
-      drop_waiter(token, parse_waiter(waiters[i]))
+      F.use(i)
+      F.drop_waiter(token, F.parse_waiter(waiters[i]))
       status = 1
     end
   end
@@ -52,14 +52,14 @@ elseif foreign then
 elseif n_held == m then
   expiry = now + lease_ms
   for i = 1, m do
-    use(i)
+    F.use(i)
     redis.call('ZADD', K_EXP, 'XX', expiry, 'h:' .. token)
   end
   status = 1
 elseif n_waiting == m then
   expiry = now + place_ms
   for i = 1, m do
-    use(i)
+    F.use(i)
     redis.call('ZADD', K_EXP, 'XX', expiry, 'w:' .. token)
   end
   status = 2
@@ -67,8 +67,8 @@ end
 
 local out = {status, expiry}
 for i = 1, m do
-  use(i)
-  local found = collect_wakes(entitled(effective_limit(limits[i]), aging), '', grace, {})
+  F.use(i)
+  local found = F.collect_wakes(F.entitled(F.effective_limit(limits[i]), aging), '', grace, {})
   for j = 1, #found, 2 do
     out[#out + 1] = i
     out[#out + 1] = found[j]

@@ -23,17 +23,17 @@ for value in string.gmatch(ARGV[4], '%S+') do limits[#limits + 1] = tonumber(val
 
 local held, avgs = {}, {}
 for i = 1, m do
-  use(i)
-  local holder, hold_avg = begin('h:' .. token, 'hold_avg')
+  F.use(i)
+  local holder, hold_avg = F.begin('h:' .. token, 'hold_avg')
   held[i], avgs[i] = holder or false, hold_avg or false
 end
 local out, wakes = {m}, {}
 for i = 1, m do
-  use(i)
-  out[#out + 1] = release_holder(token, held[i], claim, tomb_ms, avgs[i], timed,
-    effective_limit(limits[i]))
+  F.use(i)
+  out[#out + 1] = F.release_holder(token, held[i], claim, tomb_ms, avgs[i], timed,
+    F.effective_limit(limits[i]))
   if waiting > 0 then
-    local found = collect_wakes(entitled(effective_limit(limits[i]), aging), '', grace, {})
+    local found = F.collect_wakes(F.entitled(F.effective_limit(limits[i]), aging), '', grace, {})
     for j = 1, #found, 2 do
       wakes[#wakes + 1] = i
       wakes[#wakes + 1] = found[j]

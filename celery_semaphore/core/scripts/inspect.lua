@@ -23,7 +23,7 @@
 -- `used` counts only live holders.  Read-only, so it needs no care about the order of reads.
 -- Cost: one pass over the state hash (live holders, waiters and partitions only; tombstones are
 -- not there).
-now, now_text = now_ms()
+now, now_text = F.now_ms()
 redis.call('ZCARD', K_EXP)  -- read every key, so foreign data there is reported here too
 local state = redis.call('HGETALL', K_STATE)
 local order = redis.call('ZRANGE', K_LINE, 0, -1)
@@ -47,8 +47,8 @@ for i = 1, #state, 2 do
   elseif field == 'reclaimed' then
     reclaimed_total = tonumber(state[i + 1]) or 0
   elseif field == 'rate' then
-    rate = parse_rate(state[i + 1])
-    if rate_overridden(state[i + 1]) then rate_is_override = 1 end
+    rate = F.parse_rate(state[i + 1])
+    if F.rate_overridden(state[i + 1]) then rate_is_override = 1 end
   elseif field == 'aimd' then
     local c, p = string.match(state[i + 1], '^(%d+) %d+ %d+ %d+ (%d+)$')
     cwnd, pause = tonumber(c) or 0, tonumber(p) or 0
@@ -112,7 +112,7 @@ end
 
 local waiter_fields, tickets = {}, {}
 for i, member in ipairs(order) do
-  local _, _, ticket = split_member(member)
+  local _, _, ticket = F.split_member(member)
   tickets[i] = ticket
   waiter_fields[i] = 'w:' .. ticket
 end
@@ -121,7 +121,7 @@ local waiters = {}
 for i, ticket in ipairs(tickets) do
   local expiry, raw = waiter_exp[i], fields[waiter_fields[i]]
   if expiry and raw and tonumber(expiry) > now then
-    local info = parse_waiter(raw)
+    local info = F.parse_waiter(raw)
     local pp = part(info.p)
     waiters[#waiters + 1] = ticket
     waiters[#waiters + 1] = expiry
@@ -141,7 +141,7 @@ for name in pairs(parts) do names[#names + 1] = name end
 table.sort(names)
 local partitions = {}
 for _, name in ipairs(names) do
-  local _, cap, weight = parse_part(records[name])
+  local _, cap, weight = F.parse_part(records[name])
   local pp = parts[name]
   partitions[#partitions + 1] = name
   partitions[#partitions + 1] = pp[1]
@@ -165,8 +165,8 @@ if rate then
     rate = one
     reply[#reply + 1] = win[1]
     reply[#reply + 1] = win[2]
-    reply[#reply + 1] = rate_used(win[2])
-    reply[#reply + 1] = rate_wait(1)
+    reply[#reply + 1] = F.rate_used(win[2])
+    reply[#reply + 1] = F.rate_wait(1)
     rate = all
   end
 else

@@ -7,6 +7,6 @@
 -- ARGV[3] aging_ms       see acquire.lua
 --
 -- Returns {holders reclaimed, wake pairs...}.
-begin()
-local list = entitled(effective_limit(tonumber(ARGV[1])), tonumber(ARGV[3]))
-return collect_wakes(list, '', tonumber(ARGV[2]), {reclaimed})
+F.begin()
+local list = F.entitled(F.effective_limit(tonumber(ARGV[1])), tonumber(ARGV[3]))
+return F.collect_wakes(list, '', tonumber(ARGV[2]), {reclaimed})

@@ -16,11 +16,11 @@
 -- was lost).  The wake pairs name the waiters that
 -- units freed by the reclaim (expired leases, places) now belong to.
 local token, claim = ARGV[1], ARGV[7] or ''
-local holder, waiter = begin('h:' .. token, 'w:' .. token)
+local holder, waiter = F.begin('h:' .. token, 'w:' .. token)
 local reply = {0, 0}
 local held_claim = false
 if holder then
-  local _, _, c = parse_holder(holder)
+  local _, _, c = F.parse_holder(holder)
   held_claim = c
 end
 if holder and claim ~= '' and held_claim ~= claim then
@@ -34,6 +34,6 @@ elseif waiter then
   redis.call('ZADD', K_EXP, 'XX', expiry, 'w:' .. token)
   reply = {2, expiry}
 end
-local list = entitled(effective_limit(tonumber(ARGV[4])), tonumber(ARGV[6]))
+local list = F.entitled(F.effective_limit(tonumber(ARGV[4])), tonumber(ARGV[6]))
 -- '' for me: a waiter that only refreshes its place is not granted, so it is named too
-return collect_wakes(list, '', tonumber(ARGV[5]), reply)
+return F.collect_wakes(list, '', tonumber(ARGV[5]), reply)

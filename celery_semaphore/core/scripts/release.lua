@@ -36,17 +36,17 @@ aging, handoff_ms = tonumber(aging), tonumber(handoff_ms)
 if not (client_limit and tomb_ms and grace and aging and handoff_ms) then
   return redis.error_reply('ERR release: ARGV[2] is not six numbers: ' .. ARGV[2])
 end
-local held, hold_avg, fence = begin('h:' .. token, 'hold_avg', 'fence')
+local held, hold_avg, fence = F.begin('h:' .. token, 'hold_avg', 'fence')
 
-local status = release_holder(token, held or false, claim, tomb_ms, hold_avg or false,
-  timed == '1', effective_limit(client_limit))
+local status = F.release_holder(token, held or false, claim, tomb_ms, hold_avg or false,
+  timed == '1', F.effective_limit(client_limit))
 
 if handoff_ms <= 0 or not CAN_DISPATCH then
   if waiting == 0 then return {status} end  -- nobody in line: nobody to wake
-  return collect_wakes(entitled(effective_limit(client_limit), aging), '', grace, {status})
+  return F.collect_wakes(F.entitled(F.effective_limit(client_limit), aging), '', grace, {status})
 end
 if waiting == 0 then return {status, 0} end
-local list = entitled(effective_limit(client_limit), aging)
+local list = F.entitled(F.effective_limit(client_limit), aging)
 -- Handoff: grant the entitled waiters that take it now (entitled() counted their units as
 -- served already); name the others.
 local reply, named = {status, 0}, {}
@@ -74,13 +74,13 @@ for _, entry in ipairs(list) do
   if handoff_to then
     local record = nil
     if info.p ~= '' then
-      local u, c, w = parse_part(redis.call('HGET', K_STATE, 'p:' .. info.p))
+      local u, c, w = F.parse_part(redis.call('HGET', K_STATE, 'p:' .. info.p))
       record = {u, c or -1, w}
     end
     local expiry
-    fence, expiry = grant(ticket, info.w, tostring(info.w), handoff_to, info.o, lease_ms, fence,
+    fence, expiry = F.grant(ticket, info.w, tostring(info.w), handoff_to, info.o, lease_ms, fence,
       info.p, record)
-    drop_waiter(ticket, info)
+    F.drop_waiter(ticket, info)
     reply[#reply + 1] = ticket
     reply[#reply + 1] = data
     reply[#reply + 1] = fence
@@ -91,4 +91,4 @@ for _, entry in ipairs(list) do
     named[#named + 1] = entry
   end
 end
-return collect_wakes(named, '', grace, reply)
+return F.collect_wakes(named, '', grace, reply)

@@ -29,8 +29,8 @@ if not client_limit then
 end
 client_limit, retry_ms, fence = tonumber(client_limit), tonumber(retry_ms), tonumber(fence)
 grace, aging = tonumber(grace), tonumber(aging)
-local hold_avg, grants, counts = begin('hold_avg', 'fence', 'throttles')
-local limit = effective_limit(client_limit)
+local hold_avg, grants, counts = F.begin('hold_avg', 'fence', 'throttles')
+local limit = F.effective_limit(client_limit)
 
 local total = (tonumber(string.match(counts or '', '^(%d+)')) or 0) + 1
 redis.call('HSET', K_STATE, 'throttles', total .. ' ' .. now_text)
@@ -41,7 +41,7 @@ if adaptive == '1' then
   local fresh
   if fence > 0 then fresh = fence > a.fence else fresh = now >= a.till end
   if fresh then
-    local cwnd = math.max(1, math.floor(adaptive_cap(limit) / 2))
+    local cwnd = math.max(1, math.floor(F.adaptive_cap(limit) / 2))
     if cwnd >= limit then cwnd = 0 end  -- a limit of 1 cannot go lower
     a.cwnd, a.acc = cwnd, 0
     a.fence = tonumber(grants) or 0
@@ -51,7 +51,7 @@ if adaptive == '1' then
 end
 if retry_ms > 0 then a.pause = math.max(a.pause, now + retry_ms) end
 aimd = a
-store_aimd()
+F.store_aimd()
 
-local reply = {decreased, adaptive_cap(limit), pause_left(), total}
-return collect_wakes(entitled(limit, aging), '', grace, reply)
+local reply = {decreased, F.adaptive_cap(limit), F.pause_left(), total}
+return F.collect_wakes(F.entitled(limit, aging), '', grace, reply)

@@ -11,17 +11,17 @@
 --
 -- Returns {status, wake pairs...}: status 1 the place was removed, 0 there was none.
 local ticket = ARGV[1]
-local raw = begin('w:' .. ticket)
+local raw = F.begin('w:' .. ticket)
 local status = 0
 local reply = {status}
 if raw then
-  local info = parse_waiter(raw)
-  drop_waiter(ticket, info)
+  local info = F.parse_waiter(raw)
+  F.drop_waiter(ticket, info)
   reply[1] = 1
   if ARGV[5] == '1' and (CAN_DISPATCH or info.d == '') then
     reply[2] = ticket
     reply[3] = info.d
   end
 end
-local list = entitled(effective_limit(tonumber(ARGV[2])), tonumber(ARGV[4]))
-return collect_wakes(list, ticket, tonumber(ARGV[3]), reply)
+local list = F.entitled(F.effective_limit(tonumber(ARGV[2])), tonumber(ARGV[4]))
+return F.collect_wakes(list, ticket, tonumber(ARGV[3]), reply)
