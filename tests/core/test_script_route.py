@@ -3,6 +3,7 @@ as redis-py's own route does (replies, decoding, NOSCRIPT, connection errors and
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import pytest
@@ -13,6 +14,7 @@ from redis.retry import Retry
 from celery_semaphore import Semaphore
 from celery_semaphore.core import _scripts
 from celery_semaphore.core.exceptions import SemaphoreBackendError
+from celery_semaphore.core.semaphore import AttemptStatus
 
 
 def _cycle(sem: Semaphore) -> None:
@@ -136,4 +138,33 @@ def test_a_client_without_retries_gets_the_error(
             sem.acquire(blocking=False)
         assert sem.inspect().used == 0
     finally:
+        client.close()
+
+
+def test_a_reply_left_unread_by_a_timeout_never_answers_the_next_call(
+    redis_url: str, key_prefix: str
+) -> None:
+    """A call that times out leaves its reply on the wire; the connection must not serve
+    another call, or that call would read the reply (a grant to another ticket) as its own.
+    (redis-py's connection disconnects itself when a read is interrupted; this holds the lean
+    route to that.)"""
+    client = redis.Redis.from_url(redis_url, socket_timeout=0.2)  # from_url: no retries
+    pauser = redis.Redis.from_url(redis_url)
+    try:
+        sem = Semaphore("lean-timeout", 2, redis=client, key_prefix=key_prefix)
+        assert sem.try_acquire("warm:0").permit is not None  # the script is loaded
+        pauser.execute_command("CLIENT", "PAUSE", 600, "ALL")
+        with pytest.raises(SemaphoreBackendError):
+            sem.try_acquire("first:0")  # runs once the pause ends; nobody reads its reply
+        time.sleep(0.6)  # the pause is over, the first call's reply has arrived
+        second = sem.try_acquire("second:0")
+        assert second.status is AttemptStatus.WAITING or second.permit is not None
+        holders = {h.token for h in sem.holders()}
+        if second.permit is not None:
+            assert second.permit.token in holders
+        # whatever the first call did, the second call's answer is about the second ticket
+        assert ("second:0" in holders) == (second.permit is not None)
+    finally:
+        pauser.execute_command("CLIENT", "UNPAUSE")
+        pauser.close()
         client.close()
