@@ -51,6 +51,8 @@ CASES = (
     ("off", "off", "INFO", 8),
     ("b", "b", "INFO", 8),
     ("b-quiet", "b", "WARNING", 8),
+    # (b) without standby (semaphore_worker_standby=0): what standby costs and saves
+    ("b0", "b0", "INFO", 8),
     # the limit above the tasks in flight: every task is granted on arrival (no wait, no
     # wake-up, no handoff), so b - b-free is what waiting costs
     ("b-free", "b", "INFO", 10_000),
@@ -366,7 +368,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--n", type=int, default=400)
     parser.add_argument("--d", type=float, default=0.02)
     parser.add_argument("--top", type=int, default=25)
-    parser.add_argument("--cases", default="off,b,b-quiet", help="of: off,b,b-quiet,b-free")
+    parser.add_argument("--cases", default="off,b,b-quiet", help="of: off,b,b-quiet,b0,b-free")
     parser.add_argument("--keep", action="store_true", help="keep the profiles and logs")
     parser.add_argument("--no-profile", action="store_true", help="CPU and commands only")
     parser.add_argument(

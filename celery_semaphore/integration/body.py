@@ -356,7 +356,7 @@ def _acquire_and_run(
         quarantine_guard(sem)
         if standby_key is not None and isinstance(sem, Semaphore):
             try:
-                attempt = _stand_by(sem, ticket, state, opts, common, standby_key)
+                attempt = _stand_by(sem, ticket, opts, common, standby_key)
             except Cancelled:
                 _revoked_standing_by(task, sem, ticket, common["claim"])
         else:
@@ -446,31 +446,33 @@ def _revoked_standing_by(task: Any, sem: Semaphore, ticket: str, claim: str) -> 
 def _stand_by(
     sem: Semaphore,
     ticket: str,
-    state: WaitState,
     opts: config.ResolvedOptions,
     common: dict[str, Any],
     key: str,
 ) -> Attempt:
-    """Point the place at this slot's own list and wait there, up to ``wait_timeout``, for
-    the release that grants it (see :mod:`.standby`)."""
+    """Wait in the slot on this delivery's own list, up to ``wait_timeout``, for the grant
+    the gate forwards there (see :mod:`.standby`).  The place is left as the gate made it
+    (its wake data names the gate, which forwards); a poll that keeps it alive says that the
+    task stands by now."""
     owner = common["owner"]
     kwargs = {
         **common,
-        # takes handoffs: granted under this claim, with this task's own lease
+        # takes handoffs (to its gate, which forwards them): granted under this claim, with
+        # this task's own lease
         "owner": {
             **owner,
             "standby": owner.get("host", ""),
             "lease_ms": round(opts.lease_ttl * 1000),
         },
-        "wake_data": wakes.standby_data(key),
+        "wake_data": wakes.gate_wake_data(key),
         "place_ttl": IN_SLOT_PLACE_TTL,  # refreshed every poll while it stands by
     }
 
     def ask() -> Attempt:
         return sem.try_acquire(ticket, **kwargs)
 
-    # (its wait was counted when the gate held it: no second "waited" event)
-    first = _ask(sem, ticket, state, **kwargs)
+    # no call yet: the gate's last attempt put the place in line (its wait was counted then)
+    first = Attempt(AttemptStatus.WAITING, limit=sem.limit)
     return wait_standing_by(
         sem,
         ticket,

@@ -410,15 +410,22 @@ class Gate:
 
     def wake(self, ticket: str) -> None:
         """Units were freed for ``ticket``: claim them (called by a releaser of this process,
-        or by the gate thread for wake-ups that came through Redis)."""
+        or by the gate thread for wake-ups that came through Redis); one sent ahead to stand
+        by is told on its own list."""
         with self._lock:
             entry = self._held.get(ticket)
             if entry is None:
-                return
-            if entry.busy:
+                found = self._left.get(ticket)
+                left = found[0] if found is not None else None
+            elif entry.busy:
                 entry.again = True
                 return
-            entry.busy = True
+            else:
+                entry.busy = True
+        if entry is None:
+            if left is not None:
+                self._forward(left, wakes.wake_item(ticket))
+            return
         self._attempt(entry)
 
     def _attempt(self, entry: _Entry, *, first: bool = False) -> None:
@@ -505,9 +512,11 @@ class Gate:
             else:
                 entry.busy = True
         if entry is None:
+            if left is not None and self._forward(
+                left, wakes.handoff_item(ticket, fence, expires_at, claim)
+            ):
+                return
             self._handed_elsewhere(ticket, left)
-            if left is not None and left.stage is Stage.HANDED_OVER:
-                self.standby_granted(ticket, claim)  # (made before it pointed its place away)
             return
         entry.refreshed = clock.monotonic()
         if quarantined(entry.sem) or lost_at_fence(entry.sem, fence):
@@ -529,13 +538,30 @@ class Gate:
 
     # -- standby (see .standby) -----------------------------------------------------------
 
-    def standby_granted(self, ticket: str, claim: str) -> None:
-        """A release granted ``ticket``, which this gate sent ahead to stand by under
-        ``claim``: it stands by no more, so the next held task of its semaphore may."""
+    def _forward(self, entry: _Entry, item: str) -> bool:
+        """``item`` (a handoff or a wake-up) is for a task this gate sent ahead to stand by:
+        push it onto the task's own list (one round trip, no hop through the event loop or
+        the pool), and, for a grant, send the next held task ahead.  False when ``entry``
+        does not stand by (any more)."""
+        granted = item.startswith("h ")
         with self._lock:
-            name = self._standing.granted(ticket, claim)
+            if not self._standing.has(entry.ticket, entry.claim):
+                return False
+            name = self._standing.granted(entry.ticket, entry.claim) if granted else None
+        try:
+            wakes.push(
+                self.app,
+                wakes.standby_key(self.key, entry.claim),
+                item,
+                ttl=wakes.STANDBY_TTL,
+            )
+        except RedisError as exc:
+            # the task finds its grant at its next poll (its place is held under its claim)
+            self._failed_at = clock.monotonic()
+            log.debug("could not forward to a standby: %s", exc, semaphore=None, task_id=None)
         if name is not None:
             self._stand_by(name)
+        return True
 
     def _cancel_if_revoked(self, entry: _Entry) -> None:
         """A task standing by in a pool slot was revoked (or expired): tell it, on its list,
@@ -930,8 +956,6 @@ class Gate:
                         self.handed(found.ticket, found.fence, found.expires_at, found.claim)
                     elif isinstance(found, wakes.Wake):
                         self.wake(found.ticket)
-                    elif isinstance(found, wakes.Started):
-                        self.standby_granted(found.ticket, found.claim)
                 if self._redis_ok():  # while Redis fails, the tick alone acts (no calls)
                     self._retry_due()
                 if clock.monotonic() >= next_tick:

@@ -7,28 +7,33 @@ process, and a 20 ms body waits about 3.5 ms for the next one to start.
 
 So the gate sends the first few of its held tasks of a busy semaphore ahead, into free pool
 slots (``semaphore_worker_standby`` per semaphore; by default 2 on prefork), *without* a
-grant but with their place and claim (a ``standby`` directive).  There the body's wrapper
-points its place at a list of its own (:func:`.wakes.standby_key`) and blocks on it::
+grant but with their place and claim (a ``standby`` directive).  The place stays as it is: a
+release still hands the units to the gate, but the gate no longer goes through the event loop
+and the pool: it forwards the grant onto the task's own list (:func:`.wakes.standby_key`),
+where the body's wrapper blocks::
 
     gate        T held, position 1 ──► sent to the pool: standby, its claim, its list
-    pool slot   try_acquire(T, claim, wake data "!<T's list>") → WAITING ──► BLPOP T's list
+    pool slot   BLPOP T's list (no Redis call before: the place is already in line)
     any worker  a holder's body ends ──► its release grants T the unit (a handoff, under T's
-                claim) ──► RPUSH the grant onto T's list, and a note onto the gate's
+                claim) ──► RPUSH onto the gate's list (or a call, in the same process)
+    gate        the grant is for a task standing by ──► RPUSH it onto T's list; send the
+                next held task ahead
     pool slot   BLPOP returns the grant ──► the body runs (no further round trip)
-    gate        the note: T no longer stands by ──► the next held task is sent ahead
 
 What keeps it safe and fair:
 
-* the place in line is the execution's, as for every task: standby changes *where* the grant
-  goes, never *who* gets it, so the line stays FIFO (and the partitions' shares hold) and no
-  more than ``limit`` units are ever granted;
-* every call carries the delivery's claim: a grant a release made to the gate's address before
-  the body moved the place is found by the body as its own, and any other is ignored;
+* the place in line is the execution's, as for every task, and standby does not touch it:
+  the line stays FIFO (and the partitions' shares hold) and no more than ``limit`` units are
+  ever granted;
+* every call carries the delivery's claim: the body adopts only a grant under its own claim,
+  and its polls (which keep the place alive and find a grant whose item was lost) ask under
+  it too;
 * a standby takes a slot only while the pool has at least :data:`FREE_SLOTS` free (one stays
-  free for other work) and only while the semaphore turns over (a grant on this worker within
-  :data:`TURNOVER` seconds), so slow semaphores never tie up slots, and the solo pool never;
+  free for other work) and only while the semaphore turns over (two grants on this worker
+  within :data:`TURNOVER` seconds), so slow semaphores never tie up slots, and the solo pool
+  never;
 * a standby that is not granted within ``wait_timeout`` parks, as a task waiting in its slot
-  does (and frees the slot).
+  does (and frees the slot); one revoked meanwhile is told so by its gate and never runs.
 
 This module keeps the gate's side (:class:`Standing`: who stands by, whether one more may)
 and the body's (:func:`wait`).
@@ -63,7 +68,8 @@ __all__ = [
 
 #: a standby is sent only while the pool has at least this many free slots
 FREE_SLOTS = 2
-#: ... and only while the semaphore turns over: a grant on this worker in the last seconds
+#: ... and only while the semaphore turns over: its last two grants on this worker were both
+#: made within this many seconds (one grant followed by a long hold sends nobody ahead)
 TURNOVER = 1.0
 #: seconds past its ``wait_timeout`` after which the gate stops counting a standby it heard
 #: nothing of (it parked, or its grant came through a path that sends no note)
@@ -90,18 +96,20 @@ class Standing:
         self.per_semaphore = per_semaphore
         self._by_ticket: dict[str, _Stand] = {}
         self._count: dict[str, int] = {}
-        self._turned: dict[str, float] = {}
+        #: semaphore name -> (the grant before the last, the last), monotonic
+        self._turned: dict[str, tuple[float, float]] = {}
 
     def turned_over(self, name: str) -> None:
         """A grant was made on this worker for the semaphore ``name``."""
-        self._turned[name] = clock.monotonic()
+        last = self._turned.get(name, (float("-inf"), float("-inf")))[1]
+        self._turned[name] = (last, clock.monotonic())
 
     def wanted(self, name: str) -> int:
         """How many more tasks of ``name`` may be sent ahead now (the pool aside)."""
         if self.per_semaphore <= 0:
             return 0
         turned = self._turned.get(name)
-        if turned is None or clock.monotonic() - turned > TURNOVER:
+        if turned is None or clock.monotonic() - turned[0] > TURNOVER:
             return 0
         return max(0, self.per_semaphore - self._count.get(name, 0))
 
@@ -110,6 +118,11 @@ class Standing:
             self._drop(ticket)
         self._by_ticket[ticket] = _Stand(name, claim, clock.monotonic() + wait_timeout + SLACK)
         self._count[name] = self._count.get(name, 0) + 1
+
+    def has(self, ticket: str, claim: str) -> bool:
+        """Does the delivery ``ticket`` under ``claim`` stand by (as far as the gate knows)?"""
+        stand = self._by_ticket.get(ticket)
+        return stand is not None and stand.claim == claim
 
     def granted(self, ticket: str, claim: str) -> str | None:
         """The task sent ahead as ``ticket`` under ``claim`` was granted: it stands by no
@@ -125,6 +138,8 @@ class Standing:
         """Stop counting the standbys past their time; the names of semaphores that have
         room again."""
         now = clock.monotonic()
+        for name in [n for n, (_, last) in self._turned.items() if now - last > TURNOVER]:
+            del self._turned[name]  # (dynamic names come and go)
         gone = [t for t, s in self._by_ticket.items() if s.until <= now]
         return sorted({self._drop(t) for t in gone})
 
@@ -193,9 +208,9 @@ def wait(
 ) -> Attempt:
     """Wait in the slot, standing by on the list ``key``, until ``ticket`` is granted (a
     handoff popped there, adopted without a round trip), stops waiting, or ``timeout``
-    seconds pass; return the last :class:`Attempt`.  ``first`` is the attempt that pointed
-    the place at ``key``; ``ask`` asks again the same way (every ``poll_interval`` without
-    an item, in case one was lost, and keeping the place alive).  Redis failing raises
+    seconds pass; return the last :class:`Attempt`.  ``first`` is the last attempt known
+    (WAITING); ``ask`` asks again (after a wake-up, and every ``poll_interval`` without an
+    item, in case one was lost, keeping the place alive).  Redis failing raises
     :class:`SemaphoreBackendError`; the gate cancelling it (revoked), :class:`Cancelled`."""
     deadline = clock.monotonic() + timeout
     attempt = first

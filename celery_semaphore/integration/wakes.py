@@ -8,14 +8,11 @@ never by a user:
 * ``w <ticket>``: units were freed for ``ticket``: the gate claims them itself;
 * ``h <fence> <expiry ms> <claim> <ticket>``: a release *granted* ``ticket`` its units (a
   handoff) under ``claim``, which only the waiting delivery and the release script know.  The
-  gate trusts it only when the claim is the one of the delivery it holds;
-* ``s <claim> <ticket>``: a release granted a task the gate sent ahead to stand by in a pool
-  slot (see :mod:`.standby`); the grant itself went to that task's own standby list, and this
-  note only tells the gate that the task no longer stands by.
+  gate trusts it only when the claim is the one of the delivery it holds.
 
-A task standing by in a pool slot waits on a list of its own (:func:`standby_key`), which
-takes the same two kinds of item, ``w`` and ``h``, for its own ticket, and one more from its
-gate: ``x <claim> <ticket>``, the task was revoked (or expired) while it stood by.
+A task the gate sent ahead to stand by in a pool slot (see :mod:`.standby`) waits on a list of
+its own (:func:`standby_key`): the gate forwards there the ``w`` and ``h`` items it gets for
+that task, and adds ``x <claim> <ticket>`` when the task was revoked (or expired) meanwhile.
 
 Anything else (the empty item that ends the gate's blocking pop at stop, an item from an
 older version) is not an item: :func:`parse` returns None.
@@ -47,7 +44,6 @@ __all__ = [
     "Cancel",
     "HeldTask",
     "Receiver",
-    "Started",
     "Wake",
     "WakeRouter",
     "gate_key",
@@ -58,9 +54,8 @@ __all__ = [
     "push",
     "push_many",
     "register",
-    "standby_data",
+    "gate_wake_data",
     "standby_key",
-    "started_item",
     "unregister",
     "wake_item",
 ]
@@ -76,26 +71,20 @@ def gate_key(key_prefix: str, node: str, nonce: str) -> str:
     return f"{key_prefix}:gate:{quote(node, safe='-_.')}:{{{nonce}}}"
 
 
-#: marks a standby list's wake data (``!<standby key>``): a task waiting in a pool slot
-STANDBY_PREFIX = "!"
 #: what separates a standby list's key from its gate's key
 _STANDBY_SEP = ":sb:"
 
 
 def standby_key(gate: str, claim: str) -> str:
     """The list a task the gate ``gate`` sent ahead to stand by in a pool slot waits on: one
-    per delivery (``claim``), in the gate key's hash slot; ending with the handoff mark, so
-    a release grants the task its units there (see ``Semaphore(on_handoff=...)``)."""
-    return f"{gate}{_STANDBY_SEP}{claim}{HANDOFF_MARK}"
+    per delivery (``claim``), in the gate key's hash slot."""
+    return f"{gate}{_STANDBY_SEP}{claim}"
 
 
-def standby_data(key: str) -> str:
-    """The wake data of a task standing by on the list ``key``."""
-    return STANDBY_PREFIX + key
-
-
-def _gate_of_standby(key: str) -> str:
-    return key.rpartition(_STANDBY_SEP)[0]
+def gate_wake_data(standby: str) -> str:
+    """The wake data of the place of a task standing by on the list ``standby``: still its
+    gate's (a release hands its units to the gate, which forwards them), taking handoffs."""
+    return "@" + standby.rpartition(_STANDBY_SEP)[0] + HANDOFF_MARK
 
 
 @dataclass(frozen=True)
@@ -127,18 +116,6 @@ def cancel_item(ticket: str, claim: str) -> str:
     return f"x {claim} {ticket}"
 
 
-@dataclass(frozen=True)
-class Started:
-    """A task the gate sent ahead to stand by was granted its units (see :mod:`.standby`)."""
-
-    ticket: str
-    claim: str
-
-
-def started_item(ticket: str, claim: str) -> str:
-    return f"s {claim} {ticket}"
-
-
 def wake_item(ticket: str) -> str:
     return f"w {ticket}"
 
@@ -148,16 +125,14 @@ def handoff_item(ticket: str, fence: int, expires_at: float, claim: str) -> str:
     return f"h {fence} {round(expires_at * 1000)} {claim} {ticket}"
 
 
-def parse(item: str) -> Wake | Handoff | Started | Cancel | None:
+def parse(item: str) -> Wake | Handoff | Cancel | None:
     """The item ``item`` read back, or None when it is not one."""
     kind, _, rest = item.partition(" ")
     if kind == "w" and rest:
         return Wake(rest)
-    if kind in ("s", "x"):
+    if kind == "x":
         claim, _, ticket = rest.partition(" ")
-        if not (claim and ticket):
-            return None
-        return Started(ticket, claim) if kind == "s" else Cancel(ticket, claim)
+        return Cancel(ticket, claim) if claim and ticket else None
     if kind == "h":
         parts = rest.split(" ", 3)
         if len(parts) == 4 and parts[0].isdigit() and parts[1].isdigit() and parts[2]:
@@ -192,8 +167,6 @@ class Receiver(Protocol):
     def wake(self, ticket: str) -> None: ...
 
     def handed(self, ticket: str, fence: int, expires_at: float, claim: str) -> None: ...
-
-    def standby_granted(self, ticket: str, claim: str) -> None: ...
 
     def snapshot(self) -> list[HeldTask]: ...
 
@@ -234,9 +207,6 @@ class WakeRouter:
         self.name = name  # the semaphore's, for the log
 
     def __call__(self, ticket: str, data: str) -> None:
-        if data.startswith(STANDBY_PREFIX):  # standing by in a pool slot: wake it there
-            push(self.app, data[1:], wake_item(ticket), ttl=STANDBY_TTL)
-            return
         if data.startswith("@"):
             key = data[1:]
             gate = _local_gate(key)
@@ -259,26 +229,8 @@ class WakeRouter:
     def handoff(self, ticket: str, data: str, fence: int, expires_at: float, claim: str) -> None:
         """A release granted ``ticket`` its units under ``claim`` (see
         ``Semaphore(on_handoff=...)``): only a gate's held tasks take handoffs (wake data
-        ``@<key>#handoff``); hand the grant to that gate, directly or through its wake list.
-        A task standing by in a pool slot (wake data ``!<key>``) gets it on its own list, in
-        the same round trip as the note that tells its gate."""
-        if data.startswith(STANDBY_PREFIX):
-            key = data[1:]
-            gate_key = _gate_of_standby(key)
-            item = handoff_item(ticket, fence, expires_at, claim)
-            gate = _local_gate(gate_key)
-            if gate is not None:
-                push(self.app, key, item, ttl=STANDBY_TTL)
-                gate.standby_granted(ticket, claim)
-            else:
-                push_many(
-                    self.app,
-                    [
-                        (key, item, STANDBY_TTL),
-                        (gate_key, started_item(ticket, claim), GATE_WAKE_TTL),
-                    ],
-                )
-            return
+        ``@<key>#handoff``); hand the grant to that gate, directly or through its wake list
+        (the gate forwards it to the task's standby list when it sent the task ahead)."""
         key = data[1:]
         gate = _local_gate(key)
         if gate is not None:

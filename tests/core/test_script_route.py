@@ -153,7 +153,7 @@ def test_a_reply_left_unread_by_a_timeout_never_answers_the_next_call(
     try:
         sem = Semaphore("lean-timeout", 2, redis=client, key_prefix=key_prefix)
         assert sem.try_acquire("warm:0").permit is not None  # the script is loaded
-        pauser.execute_command("CLIENT", "PAUSE", 600, "ALL")
+        pauser.client_pause(600, all=True)
         with pytest.raises(SemaphoreBackendError):
             sem.try_acquire("first:0")  # runs once the pause ends; nobody reads its reply
         time.sleep(0.6)  # the pause is over, the first call's reply has arrived
@@ -165,6 +165,6 @@ def test_a_reply_left_unread_by_a_timeout_never_answers_the_next_call(
         # whatever the first call did, the second call's answer is about the second ticket
         assert ("second:0" in holders) == (second.permit is not None)
     finally:
-        pauser.execute_command("CLIENT", "UNPAUSE")
+        pauser.client_unpause()
         pauser.close()
         client.close()

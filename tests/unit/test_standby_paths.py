@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from celery import Celery
 
-from celery_semaphore.core.semaphore import AttemptStatus
+from celery_semaphore.core.semaphore import HANDOFF_MARK, AttemptStatus
 from celery_semaphore.integration import config, standby, wakes
 from celery_semaphore.integration.locks import semaphore_for
 from celery_semaphore.ops.testing import RedisServer
@@ -34,7 +34,7 @@ def _texts(values: list[Any]) -> list[str]:
     return [v.decode() if isinstance(v, bytes) else str(v) for v in values]
 
 
-def test_a_release_grants_a_standby_on_its_list_and_notes_it_to_its_gate(
+def test_a_standby_adopts_the_grant_its_gate_forwards_without_a_round_trip(
     app: Celery, key_prefix: str
 ) -> None:
     sem = semaphore_for(app, "api", 1, 30.0)
@@ -42,26 +42,24 @@ def test_a_release_grants_a_standby_on_its_list_and_notes_it_to_its_gate(
     assert holder.permit is not None
     claim = uuid.uuid4().hex
     gate, key = _standby(app, key_prefix, claim)
-    owner = {"task_id": "t", "claim": claim, "lease_ms": 30000}
     kwargs: dict[str, Any] = {
         "claim": claim,
-        "owner": owner,
-        "wake_data": wakes.standby_data(key),
+        "owner": {"task_id": "t", "claim": claim, "lease_ms": 30000},
+        "wake_data": wakes.gate_wake_data(key),  # the gate's place, as the gate made it
         "place_ttl": 5.0,
     }
     first = sem.try_acquire("t:0", **kwargs)
     assert first.status is AttemptStatus.WAITING
 
-    assert holder.permit.release()
+    assert holder.permit.release()  # the release hands the unit to the gate's list
     client = sem.client
-    items = _texts(client.lrange(key, 0, -1))
+    items = _texts(client.lrange(gate + HANDOFF_MARK, 0, -1))
     assert len(items) == 1
     handoff = wakes.parse(items[0])
     assert isinstance(handoff, wakes.Handoff)
     assert (handoff.ticket, handoff.claim) == ("t:0", claim)
-    assert _texts(client.lrange(gate, 0, -1)) == [wakes.started_item("t:0", claim)]
+    client.rpush(key, items[0])  # what the gate does for a task standing by
 
-    # the wait pops it and holds the permit: no try_acquire needed
     asked: list[int] = []
 
     def ask() -> Any:
@@ -71,12 +69,27 @@ def test_a_release_grants_a_standby_on_its_list_and_notes_it_to_its_gate(
     got = standby.wait(sem, "t:0", claim, key, {"api": 1}, first, ask, timeout=5.0)
     assert got.status is AttemptStatus.GRANTED
     assert got.permit is not None
-    assert asked == []
+    assert asked == []  # adopted as it came: no round trip
     assert got.permit.fencing_token == handoff.fence
     assert [h.token for h in sem.holders()] == ["t:0"]
     assert got.permit.release()
     assert sem.holders() == []
     assert sem.waiters() == []
+
+
+def test_a_standby_told_it_was_revoked_stops_waiting(app: Celery, key_prefix: str) -> None:
+    sem = semaphore_for(app, "api", 1, 30.0)
+    claim = uuid.uuid4().hex
+    _, key = _standby(app, key_prefix, claim)
+    holder = sem.try_acquire("holder:0")
+    assert holder.permit is not None
+    first = sem.try_acquire("t:0", claim=claim, wake_data=wakes.gate_wake_data(key), place_ttl=5.0)
+    assert first.status is AttemptStatus.WAITING
+    sem.client.rpush(key, wakes.cancel_item("t:0", "another claim"))  # not this delivery's
+    sem.client.rpush(key, wakes.cancel_item("t:0", claim))
+    with pytest.raises(standby.Cancelled):
+        standby.wait(sem, "t:0", claim, key, {"api": 1}, first, lambda: first, 5.0)
+    assert holder.permit.release()
 
 
 def test_a_standby_ignores_a_grant_under_another_claim_and_asks_again(
@@ -87,7 +100,7 @@ def test_a_standby_ignores_a_grant_under_another_claim_and_asks_again(
     _, key = _standby(app, key_prefix, claim)
     kwargs: dict[str, Any] = {
         "claim": claim,
-        "wake_data": wakes.standby_data(key),
+        "wake_data": wakes.gate_wake_data(key),
         "place_ttl": 5.0,
     }
     holder = sem.try_acquire("holder:0")
@@ -117,7 +130,7 @@ def test_a_standby_not_granted_in_time_comes_back_waiting_with_its_place(
     _, key = _standby(app, key_prefix, claim)
     kwargs: dict[str, Any] = {
         "claim": claim,
-        "wake_data": wakes.standby_data(key),
+        "wake_data": wakes.gate_wake_data(key),
         "place_ttl": 5.0,
     }
     holder = sem.try_acquire("holder:0")
@@ -135,7 +148,9 @@ def test_the_gate_sends_standbys_only_while_the_semaphore_turns_over() -> None:
     standing = standby.Standing(2)
     assert standing.wanted("api") == 0  # no grant here yet: nothing to stand by for
     standing.turned_over("api")
-    assert standing.wanted("api") == 2
+    assert standing.wanted("api") == 0  # one grant (and maybe a long hold): not yet
+    standing.turned_over("api")
+    assert standing.wanted("api") == 2  # two within a second: it turns over
     standing.add("a:0", "api", "c1", wait_timeout=2.0)
     assert standing.wanted("api") == 1
     assert standing.total() == 1

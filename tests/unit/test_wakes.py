@@ -36,17 +36,17 @@ def test_anything_else_is_not_an_item(item: str) -> None:
     assert wakes.parse(item) is None
 
 
-def test_a_standby_note_reads_back_with_its_claim_and_ticket() -> None:
-    item = wakes.started_item("s c0ffee forged:0", "c0ffee")
-    assert wakes.parse(item) == wakes.Started("s c0ffee forged:0", "c0ffee")
-    assert wakes.parse("s c0ffee") is None  # no ticket
-    assert wakes.parse("s  t:0") is None  # no claim
+def test_a_cancel_reads_back_with_its_claim_and_ticket() -> None:
+    item = wakes.cancel_item("x c0ffee forged:0", "c0ffee")
+    assert wakes.parse(item) == wakes.Cancel("x c0ffee forged:0", "c0ffee")
+    assert wakes.parse("x c0ffee") is None  # no ticket
+    assert wakes.parse("x  t:0") is None  # no claim
+    assert wakes.parse("s c0ffee t:0") is None  # not an item (any more)
 
 
-def test_a_standby_list_shares_its_gate_lists_slot_and_takes_handoffs() -> None:
+def test_a_standby_list_shares_its_gate_lists_slot_and_keeps_its_gates_wake_data() -> None:
     gate = wakes.gate_key("p", "node@host", "abc123")
     key = wakes.standby_key(gate, "c0ffee")
-    assert key.endswith(HANDOFF_MARK)  # a release grants such a waiter by handoff
     assert key.startswith(gate)  # the gate's hash tag first: the same Redis Cluster slot
-    assert wakes._gate_of_standby(key) == gate
-    assert wakes.standby_data(key) == "!" + key
+    # the place of a task standing by still names its gate (which forwards), taking handoffs
+    assert wakes.gate_wake_data(key) == "@" + gate + HANDOFF_MARK
