@@ -1,4 +1,4 @@
-"""Standby: a held task sent ahead into a free pool slot, where the release grants it directly.
+"""Standby: a held task sent ahead into a free pool slot, where its gate forwards its grant.
 
 A task the gate holds is granted by a release in another process, which pushes the grant onto
 the gate's wake list; the gate's thread pops it and hands the request to the pool through the
@@ -142,9 +142,6 @@ class Standing:
             del self._turned[name]  # (dynamic names come and go)
         gone = [t for t, s in self._by_ticket.items() if s.until <= now]
         return sorted({self._drop(t) for t in gone})
-
-    def count(self, name: str) -> int:
-        return self._count.get(name, 0)
 
     def tickets(self) -> list[str]:
         return list(self._by_ticket)

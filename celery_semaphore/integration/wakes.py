@@ -52,7 +52,6 @@ __all__ = [
     "held",
     "parse",
     "push",
-    "push_many",
     "register",
     "gate_wake_data",
     "standby_key",
@@ -248,14 +247,8 @@ STANDBY_TTL = 300
 def push(app: Any, key: str, item: str, ttl: int = GATE_WAKE_TTL) -> None:
     """Append ``item`` to a wake list ``key`` (one round trip), which then lives ``ttl``
     seconds past its last push."""
-    push_many(app, [(key, item, ttl)])
-
-
-def push_many(app: Any, items: list[tuple[str, str, int]]) -> None:
-    """Append each ``(key, item, ttl)`` as :func:`push` does, all in one round trip."""
     client = client_for(config.redis_url_for(app.conf), app.conf)
     pipe = client.pipeline(transaction=False)
-    for key, item, ttl in items:
-        pipe.rpush(key, item)
-        pipe.expire(key, ttl)
+    pipe.rpush(key, item)
+    pipe.expire(key, ttl)
     pipe.execute()
