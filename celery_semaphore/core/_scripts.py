@@ -9,9 +9,10 @@ client-side cache, ``execute_command`` not wrapped by an instrumentation), a cal
 lean route: the command is packed here (the SHA1 and the keys once, as bytes) and sent on a
 connection of the client's own pool, whose reply is read as redis-py would.  That spares
 redis-py's per-command machinery, which costs about as much as the round trip itself on a
-local Redis.  A connection error or timeout on that route is handed to the client's own
-``execute_command``, which retries it as the client is configured to (the scripts are
-idempotent per ticket and claim, so a call that did run is found again, not repeated).
+local Redis.  A connection error or timeout on that route is retried by the connection's own
+retry policy, as redis-py retries every command (the same attempts and back-off, so a client's
+bound on a hung Redis holds; the scripts are idempotent per ticket and claim, so a call that
+did run is found again, not repeated).
 """
 
 from __future__ import annotations
@@ -24,9 +25,7 @@ from importlib.resources import files
 from typing import Any
 
 import redis as redis_lib
-from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError
-from redis.exceptions import TimeoutError as RedisTimeoutError
 
 _record: Callable[..., None] | None
 try:  # redis-py >= 8 records command durations when OpenTelemetry is set up
@@ -86,18 +85,9 @@ def _lean_pool(client: Any) -> Any:
     return pool
 
 
-def _retries(client: Any) -> int:
-    """How many times the client's connections retry a command after a connection error, as
-    redis-py sets them up (1 when it cannot tell: the client's route then decides)."""
-    try:
-        kwargs = client.connection_pool.connection_kwargs
-        retry = kwargs.get("retry")
-        if retry is None:  # redis-py's Connection: one retry with retry_on_error, else none
-            return 1 if kwargs.get("retry_on_error") or kwargs.get("retry_on_timeout") else 0
-        count = retry.get_retries() if hasattr(retry, "get_retries") else retry._retries
-        return int(count)
-    except Exception:  # an older or unusual client: let its own route decide
-        return 1
+def _send_and_read(conn: Any, packed: bytes) -> Any:
+    conn.send_packed_command((packed,))
+    return conn.read_response()
 
 
 def _takes_no_arguments(method: Any) -> bool:
@@ -156,10 +146,6 @@ class ScriptSet:
             except NoScriptError:
                 self._load(operation)
                 return self._lean(operation, key_args, args, last)
-            except (RedisConnectionError, RedisTimeoutError):
-                if not _retries(self._client):
-                    raise  # a client told not to retry: the failure is the answer
-                # else the client's own route retries it, as the client is configured to
         client = self._client
         try:
             return client.execute_command("EVALSHA", self._shas[operation], *key_args, *args, last)
@@ -204,8 +190,12 @@ class ScriptSet:
         started = time.monotonic() if _record is not None else 0.0
         conn = pool.get_connection() if self._bare_get else pool.get_connection("EVALSHA")
         try:
-            conn.send_packed_command((packed,))
-            reply = conn.read_response()
+            # the connection's own retry policy, as redis-py applies it to every command: the
+            # same attempts and back-off (a client's bound on a hung Redis holds), and a
+            # connection that failed is closed before the next attempt
+            reply = conn.retry.call_with_retry(
+                lambda: _send_and_read(conn, packed), lambda _error: conn.disconnect()
+            )
         finally:
             pool.release(conn)
         if _record is not None:

@@ -359,6 +359,11 @@ def _acquire_and_run(
                 attempt = _stand_by(sem, ticket, opts, common, standby_key)
             except Cancelled:
                 _revoked_standing_by(task, sem, ticket, common["claim"])
+            except (SystemExit, KeyboardInterrupt):
+                # a terminate or a cold shutdown while it stood by: no place (and no grant
+                # made to it meanwhile) outlives the process
+                _leave_line(task, sem, ticket, common["claim"])
+                raise
         else:
             attempt = _ask(sem, ticket, state, place_ttl=opts.wait_timeout + PLACE_SLACK, **common)
         standby = opts.standby if opts.standby is not None else sem.limit
@@ -418,21 +423,27 @@ def _acquire_and_run(
     return _drop_duplicate(task, sem, attempt, state)
 
 
-def _revoked_standing_by(task: Any, sem: Semaphore, ticket: str, claim: str) -> NoReturn:
-    """The task was revoked while it stood by: leave the line (giving back a grant made to it
-    meanwhile, under its claim), record it as revoked, and end without running the body."""
-    from celery.exceptions import Ignore
-
+def _leave_line(task: Any, sem: Semaphore, ticket: str, claim: str) -> None:
+    """A task that stood by leaves the line without running: its place goes, and a grant a
+    release made to it meanwhile (under its claim) is given back."""
     try:
         if not sem.withdraw(ticket):
             sem.release_token(ticket, claim=claim, tombstone_ttl=0, timed=False)
     except SemaphoreError as exc:
         log_wait.warning(
-            "could not leave the line after a revoke: %s; the place expires by itself",
+            "could not leave the line: %s; the place expires by itself",
             exc,
             semaphore=sem.name,
             task_id=task.request.id,
         )
+
+
+def _revoked_standing_by(task: Any, sem: Semaphore, ticket: str, claim: str) -> NoReturn:
+    """The task was revoked while it stood by: leave the line (giving back a grant made to it
+    meanwhile, under its claim), record it as revoked, and end without running the body."""
+    from celery.exceptions import Ignore
+
+    _leave_line(task, sem, ticket, claim)
     log_wait.info(
         "task %s: revoked while it stood by in its slot; it does not run",
         task.name,

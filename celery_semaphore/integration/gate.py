@@ -289,6 +289,12 @@ class Gate:
             held = list(self._held.values())
             self._held.clear()
             self._timed.clear()
+            # sent ahead to stand by: the pool may drop a job it has not started at stop, and
+            # nobody forwards a grant any more; their places go (a body that stands by asks
+            # again at its next poll, under its claim, and a grant already made stays its own)
+            standing = [self._left[t][0] for t in self._standing.tickets() if t in self._left]
+            for entry in standing:
+                self._standing.drop(entry.ticket)
             undispatched = [e for e in self._pending.values() if not e.dispatched]
             for entry in stranded + held + undispatched:
                 entry.delivery.move(Stage.GIVEN_BACK)
@@ -311,6 +317,11 @@ class Gate:
         for entry in undispatched:
             # no tombstone: the message was never acknowledged, and its redelivery must run
             self._release(entry, "the worker stopped before it started", tombstone_ttl=0)
+        for entry in standing:
+            try:
+                entry.sem.withdraw(entry.ticket)  # a waiting place only: never a grant
+            except SemaphoreError as exc:
+                log.debug("withdraw at stop failed: %s", exc, semaphore=None, task_id=entry.req.id)
 
     def _interrupt_wait(self) -> None:
         """End the gate thread's blocking pop now rather than at its tick: an empty item on

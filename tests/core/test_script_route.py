@@ -96,16 +96,18 @@ def test_noscript_on_the_lean_route_loads_the_script(redis_url: str, key_prefix:
 
 
 def _failing_once(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The lean route's first send fails as a reset connection would (inside the retry)."""
     failed: list[str] = []
-    lean = _scripts.ScriptSet._lean
+    send_and_read = _scripts._send_and_read
 
-    def flaky(self: _scripts.ScriptSet, operation: str, *args: Any) -> Any:
+    def flaky(conn: Any, packed: bytes) -> Any:
         if not failed:
-            failed.append(operation)
+            failed.append("acquire")
+            conn.disconnect()
             raise redis.ConnectionError("connection reset (test)")
-        return lean(self, operation, *args)
+        return send_and_read(conn, packed)
 
-    monkeypatch.setattr(_scripts.ScriptSet, "_lean", flaky)
+    monkeypatch.setattr(_scripts, "_send_and_read", flaky)
     return failed
 
 
