@@ -503,13 +503,15 @@ def _ask(sem: Lock, ticket: str, state: WaitState, **kwargs: Any) -> Attempt:
     attempt = sem.try_acquire(ticket, **kwargs)
     if attempt.status is not AttemptStatus.HELD_ELSEWHERE or state.claim_before is None:
         return attempt
-    if not sem.release_token(ticket, claim=state.claim_before, tombstone_ttl=0, timed=False):
-        return attempt  # held under a claim of another live copy: a duplicate
-    log_acquire.info(
-        "gave back a grant made to this task's place after its previous copy parked",
-        semaphore=sem.name,
-        task_id=task_id_of(ticket),
-    )
+    if sem.release_token(ticket, claim=state.claim_before, tombstone_ttl=0, timed=False):
+        log_acquire.info(
+            "gave back a grant made to this task's place after its previous copy parked",
+            semaphore=sem.name,
+            task_id=task_id_of(ticket),
+        )
+    # Ask again whatever the release answered: a reply lost on the wire makes redis-py send
+    # the call again, and the second finds nothing to release (False) although the first
+    # did.  Held under another live copy's claim, the ticket stays HELD_ELSEWHERE.
     return sem.try_acquire(ticket, **kwargs)
 
 

@@ -103,7 +103,7 @@ class WaitState:
     partition: str | None = None
     #: the claim of the delivery that parked this copy: a grant a release handed off to the
     #: place under that claim after it parked (while Redis failed, the place could not be
-    #: told) belongs to nobody, and this copy takes it back (see body._claim_handed_place)
+    #: told) belongs to nobody, and this copy takes it back (see body._ask)
     claim_before: str | None = None
 
     def on_arrival(self, redelivered: bool, partition: str | None) -> WaitState:

@@ -1,0 +1,75 @@
+"""A copy of a parked task takes back a grant a release handed off to its previous
+delivery's place (under that delivery's claim), even when Redis's reply to that give-back is
+lost and redis-py sends the call again (real Redis; the lost reply is injected)."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+import pytest
+from celery import Celery
+
+from celery_semaphore.core.semaphore import AttemptStatus, Semaphore
+from celery_semaphore.integration.body import _ask
+from celery_semaphore.integration.delivery import WaitState
+from celery_semaphore.integration.locks import semaphore_for
+from celery_semaphore.ops.testing import RedisServer
+
+
+@pytest.fixture
+def sem(redis_server: RedisServer, key_prefix: str) -> Semaphore:
+    app = Celery("copy-claims", set_as_current=False)
+    app.conf.update(semaphore_redis_url=redis_server.url(0), semaphore_key_prefix=key_prefix)
+    found = semaphore_for(app, "api", 1, 30.0)
+    assert isinstance(found, Semaphore)
+    return found
+
+
+def _resend_every_release(sem: Semaphore, monkeypatch: pytest.MonkeyPatch) -> list[bool]:
+    """Each release runs twice, as when its reply is lost on the wire and redis-py sends it
+    again; the caller sees the second answer.  Returns the answers of the first runs."""
+    real = sem.release_token
+    first: list[bool] = []
+
+    def resent(*args: Any, **kwargs: Any) -> bool:
+        first.append(real(*args, **kwargs))  # ran on the server; its reply never arrives
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(sem, "release_token", resent)
+    return first
+
+
+def test_a_copy_takes_back_its_previous_claims_grant_when_the_reply_is_lost(
+    sem: Semaphore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    before, now = uuid.uuid4().hex, uuid.uuid4().hex
+    # the handoff a release made to the place of the delivery that parked (under its claim)
+    assert sem.try_acquire("t:0", claim=before).permit is not None
+    first = _resend_every_release(sem, monkeypatch)
+
+    attempt = _ask(sem, "t:0", WaitState(epoch=1, claim_before=before), claim=now, epoch=1)
+
+    assert first == [True]  # the give-back ran (its answer lost), the re-sent call found nothing
+    assert attempt.status is AttemptStatus.GRANTED
+    assert attempt.permit is not None
+    holders = sem.holders()
+    assert [h.token for h in holders] == ["t:0"]
+    assert attempt.permit.release()
+    assert not sem.holders()
+
+
+def test_a_copy_leaves_alone_a_grant_held_under_another_live_claim(
+    sem: Semaphore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    before, live, now = uuid.uuid4().hex, uuid.uuid4().hex, uuid.uuid4().hex
+    held = sem.try_acquire("t:0", claim=live)  # another copy of the execution runs it
+    assert held.permit is not None
+    first = _resend_every_release(sem, monkeypatch)
+
+    attempt = _ask(sem, "t:0", WaitState(epoch=1, claim_before=before), claim=now, epoch=1)
+
+    assert first == [False]
+    assert attempt.status is AttemptStatus.HELD_ELSEWHERE
+    assert held.permit.refresh()  # still the live copy's
+    assert held.permit.release()
