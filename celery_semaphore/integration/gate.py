@@ -305,7 +305,7 @@ class Gate:
                 del self._pending[entry.ticket]
         for entry in held + stranded:
             try:
-                if not entry.sem.withdraw(entry.ticket):
+                if not entry.sem.withdraw(entry.ticket, claim=entry.claim):
                     self._give_back_handoff(entry)  # a release may have granted it meanwhile
             except SemaphoreError as exc:
                 log.debug(
@@ -319,7 +319,8 @@ class Gate:
             self._release(entry, "the worker stopped before it started", tombstone_ttl=0)
         for entry in standing:
             try:
-                entry.sem.withdraw(entry.ticket)  # a waiting place only: never a grant
+                # a waiting place only: never a grant
+                entry.sem.withdraw(entry.ticket, claim=entry.claim)
             except SemaphoreError as exc:
                 log.debug("withdraw at stop failed: %s", exc, semaphore=None, task_id=entry.req.id)
 
@@ -1214,7 +1215,7 @@ class Gate:
         """Take ``entry``'s place out of line, and give back a grant a release made to it
         meanwhile (under its claim)."""
         try:
-            if not entry.sem.withdraw(entry.ticket):
+            if not entry.sem.withdraw(entry.ticket, claim=entry.claim):
                 self._give_back_handoff(entry)  # a release may have granted it meanwhile
         except SemaphoreError as exc:
             self._failed_at = clock.monotonic()
