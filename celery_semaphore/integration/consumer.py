@@ -75,7 +75,11 @@ class GateStep(bootsteps.StartStopStep):  # type: ignore[misc]
         self.stop(c)
 
     def shutdown(self, c: Any) -> None:
+        # the worker's last call, after its pool stopped: grants handed to the pool for jobs
+        # it dropped at stop go back now (see Gate.after_pool_stopped)
         self.stop(c)
+        if self.gate is not None:
+            self.gate.after_pool_stopped(getattr(c, "pool", None))
 
 
 def install(app: Any) -> None:

@@ -347,8 +347,10 @@ class Stage(Enum):
     """Where a delivery held by a worker's gate is in its life (see :data:`TRANSITIONS`)::
 
         RECEIVED ──► HELD ──► GRANTED ──► RUNNING ──► DONE (its request is done, or it was
-           │           │         │                        revoked before it started, or
-           │           │         │                        the pool refused it)
+           │           │         │          │             revoked before it started, or
+           │           │         │          │             the pool refused it)
+           │           │         │          ╰──► GIVEN_BACK (the pool stopped without
+           │           │         │                          starting it)
            │           │         ╰──► GIVEN_BACK (the worker stopped first)
            ├───────────┴──► HANDED_OVER (slot, park, standby) ─┬─► GIVEN_BACK (the worker stopped
            ├───────────┴──► TIMED_OUT ──────────────────────────┘    before the pool took it)
@@ -375,8 +377,8 @@ class Stage(Enum):
     TIMED_OUT = "timed-out"
     #: revoked or expired while held: place withdrawn, the message acknowledged
     REVOKED = "revoked"
-    #: the worker stopped first: place withdrawn or grant given back; the broker delivers the
-    #: message again
+    #: the worker stopped first (or its pool stopped without starting it): place withdrawn
+    #: or grant given back; the broker delivers the message again
     GIVEN_BACK = "given-back"
     #: its request is done in the pool (or its grant was released for it)
     DONE = "done"
@@ -398,7 +400,7 @@ TRANSITIONS: dict[Stage, frozenset[Stage]] = {
         {Stage.GRANTED, Stage.HANDED_OVER, Stage.TIMED_OUT, Stage.REVOKED, Stage.GIVEN_BACK}
     ),
     Stage.GRANTED: frozenset({Stage.RUNNING, Stage.DONE, Stage.GIVEN_BACK}),
-    Stage.RUNNING: frozenset({Stage.DONE}),
+    Stage.RUNNING: frozenset({Stage.DONE, Stage.GIVEN_BACK}),
     Stage.HANDED_OVER: frozenset({Stage.GIVEN_BACK}),
     Stage.TIMED_OUT: frozenset({Stage.GIVEN_BACK}),
     Stage.REVOKED: frozenset(),

@@ -235,6 +235,9 @@ class Gate:
         self._direct = _submit_anywhere(consumer) and getattr(dispatch, "__name__", "") == (
             "_process_task"
         )
+        #: standbys whose places stop() withdrew: after the pool stops, a grant made to one
+        #: the pool never started is given back (see :meth:`after_pool_stopped`)
+        self._stopped_standing: list[_Entry] = []
         #: the held tasks sent ahead to stand by in pool slots (see :mod:`.standby`)
         self._standing = Standing(
             per_semaphore(
@@ -260,7 +263,8 @@ class Gate:
         """Stop holding: the held messages were never acknowledged, so the broker delivers
         them again (to this worker after a reconnect, or to another); their places go.
         Grants already handed to the pool are left alone (their bodies may be starting, and
-        release them themselves); one the pool never starts comes back with its lease.  A
+        release them themselves); one the pool never starts goes back once the pool has stopped
+        (:meth:`after_pool_stopped`).  A
         grant made but not yet handed to the pool (a release woke the gate as the worker
         stopped: the hub no longer runs the hand-over) is given back now, not left to its
         lease, and is never handed over later.  So is a grant a release handed off to a held
@@ -295,6 +299,7 @@ class Gate:
             standing = [self._left[t][0] for t in self._standing.tickets() if t in self._left]
             for entry in standing:
                 self._standing.drop(entry.ticket)
+            self._stopped_standing.extend(standing)
             undispatched = [e for e in self._pending.values() if not e.dispatched]
             for entry in stranded + held + undispatched:
                 entry.delivery.move(Stage.GIVEN_BACK)
@@ -323,6 +328,31 @@ class Gate:
                 entry.sem.withdraw(entry.ticket, claim=entry.claim)
             except SemaphoreError as exc:
                 log.debug("withdraw at stop failed: %s", exc, semaphore=None, task_id=entry.req.id)
+
+    def after_pool_stopped(self, pool: Any) -> None:
+        """The pool has stopped (after :meth:`stop`): no job it was given starts any more.
+        A grant handed to it whose job never started (the pool drops the jobs it has not
+        started at stop) is given back now, not left to its lease; so is a grant a release
+        made to a standby that never started before its place was withdrawn.  Nothing is
+        done while the pool may still start a job."""
+        if getattr(pool, "_state", None) != getattr(pool, "TERMINATE", None):
+            return
+        with self._lock:
+            never = [
+                e
+                for e in self._pending.values()
+                if e.dispatched and e.stage is Stage.RUNNING and e.req.time_start is None
+            ]
+            for entry in never:
+                del self._pending[entry.ticket]
+                entry.delivery.move(Stage.GIVEN_BACK)
+            standing = [e for e in self._stopped_standing if e.req.time_start is None]
+            self._stopped_standing.clear()
+        for entry in never:
+            # no tombstone: the message was never acknowledged, and its redelivery must run
+            self._release(entry, "the worker stopped before it started", tombstone_ttl=0)
+        for entry in standing:
+            self._give_back_handoff(entry)  # under its claim: nothing when none was made
 
     def _interrupt_wait(self) -> None:
         """End the gate thread's blocking pop now rather than at its tick: an empty item on

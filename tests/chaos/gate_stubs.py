@@ -47,7 +47,7 @@ class StoppedConsumer:
     def __init__(self, app: Celery) -> None:
         self.app = app
         self.hostname = f"stub-{uuid.uuid4().hex[:6]}@localhost"
-        self.pool = None
+        self.pool: Any = None
         self.qos = SimpleNamespace(
             increment_eventually=lambda: None, decrement_eventually=lambda: None
         )
@@ -67,7 +67,7 @@ class Request:
         self.kwargs: dict[str, Any] = {}
         self.delivery_info: dict[str, Any] = {}
         self.expires = None
-        self.time_start = None
+        self.time_start: float | None = None
 
     def revoked(self) -> bool:
         return False

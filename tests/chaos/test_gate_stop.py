@@ -13,10 +13,12 @@ does, to check that a late hand-over does nothing).
 from __future__ import annotations
 
 from collections.abc import Iterator
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 from celery import Celery
+from celery.concurrency.base import BasePool
 from celery.worker import state
 
 from celery_semaphore import limited
@@ -106,3 +108,51 @@ def test_stop_does_not_wait_for_the_gate_threads_tick(
         assert not thread.is_alive(), "stop() returned while the gate thread still waited"
     finally:
         client.close()
+
+
+def test_a_grant_the_pool_never_started_is_given_back_once_the_pool_stopped(
+    app: Celery,
+) -> None:
+    """A grant handed to the pool stays through stop() (the pool may still start the job),
+    and goes back once the pool has stopped without starting it (a prefork pool drops the
+    jobs it has not started at stop); a job that started keeps its grant (its body releases)."""
+
+    @app.task(bind=True, name="gate_stop.limited2", shared=False)
+    @limited("main2", limit=2, lease_ttl=60)
+    def job(self: Any) -> None:
+        pass
+
+    consumer = StoppedConsumer(app)
+    pool = SimpleNamespace(_state=BasePool.RUN, TERMINATE=BasePool.TERMINATE)
+    consumer.pool = pool
+    dispatched: list[Any] = []
+
+    def _process_task(req: Any) -> None:
+        dispatched.append(req)
+
+    gate = Gate(consumer, _process_task, hold=10)
+    gate.start()
+    sem = semaphore_for(app, "main2", 2, 60.0)
+    dropped, started = Request(job), Request(job)
+    try:
+        for req in (dropped, started):
+            state.task_reserved(req)
+            assert gate.on_task_request(req) is None
+        wait_until(lambda: len(consumer.soon) == 2, 10, what="both granted on arrival")
+        for fn, args in consumer.soon:  # the hub hands both to the pool
+            fn(*args)
+        assert dispatched == [dropped, started]
+        started.time_start = 1.0  # a child accepted it (Request.on_accepted)
+        gate.stop()
+        assert sorted(h.owner["task_id"] for h in sem.holders()) == sorted([dropped.id, started.id])
+        gate.after_pool_stopped(pool)  # still running: it may start the job yet
+        assert len(sem.holders()) == 2
+        pool._state = BasePool.TERMINATE
+        gate.after_pool_stopped(pool)
+        assert [h.owner["task_id"] for h in sem.holders()] == [started.id]
+    finally:
+        gate.stop()
+        for req in (dropped, started):
+            state.task_ready(req)
+        sem.release_token(f"{started.id}:0")
+    assert sem.holders() == []

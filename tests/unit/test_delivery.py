@@ -48,7 +48,10 @@ def test_a_delivery_moves_only_as_the_table_allows() -> None:
     running.move(Stage.GRANTED)
     running.move(Stage.RUNNING)
     with pytest.raises(IllegalMove):
-        running.move(Stage.GIVEN_BACK)  # a body in the pool releases its own permit
+        running.move(Stage.HANDED_OVER)  # its grant went with it: no place to hand over
+    running.move(Stage.GIVEN_BACK)  # the pool stopped without starting it
+    with pytest.raises(IllegalMove):
+        running.move(Stage.DONE)
 
 
 @pytest.fixture
