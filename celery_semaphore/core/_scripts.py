@@ -47,6 +47,7 @@ OPERATIONS = (
     "refresh",
     "withdraw",
     "reclaim",
+    "sweep",
     "inspect",
     "throttle",
     "group_acquire",

@@ -917,6 +917,14 @@ class Semaphore:
         self._wake(reply[1:])
         return int(reply[0])
 
+    def sweep(self) -> tuple[int, str, int]:
+        """:meth:`reclaim` and :meth:`boot_marker` in one round trip, as a heartbeat does
+        about once a second for each semaphore its process uses: ``(holders reclaimed,
+        marker, fence)``."""
+        reply = self._run("sweep", [self.limit, 1000, self._aging_ms, self.new_ticket()])
+        self._wake(reply[4:])
+        return int(reply[0]), _text(reply[2]), int(reply[3] or 0)
+
     def boot_marker(self) -> tuple[bool, str, int]:
         """The marker of this semaphore's state in Redis: ``(created, marker, fence)``.
 

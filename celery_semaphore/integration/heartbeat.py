@@ -187,15 +187,16 @@ class Heartbeat:
         return not self._round
 
     def _sweep_one(self, sem: Semaphore) -> bool:
-        """Check ``sem``'s state and take back its expired leases; False when Redis failed."""
+        """Check ``sem``'s state and take back its expired leases (one round trip); False
+        when Redis failed."""
         try:
-            if restart.detect(sem):
-                self._reassert_all(sem)
+            reclaimed, marker, fence = sem.sweep()  # ops: events (reclaimed =)
         except Exception as exc:
-            log.debug("state check failed: %s", exc, semaphore=sem.name, task_id=None)
+            log.debug("sweep failed: %s", exc, semaphore=sem.name, task_id=None)
             return False
         try:
-            reclaimed = sem.reclaim()  # ops: events (reclaimed =)
+            if restart.observe(sem, marker, fence):
+                self._reassert_all(sem)
             if reclaimed:  # ops: events
                 log_release.warning(
                     "reclaimed %d permit(s) whose lease expired: a holder stopped refreshing "

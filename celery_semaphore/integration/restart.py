@@ -6,7 +6,8 @@ acquires would see every unit free and grant them again: up to twice the limit a
 
 Detection: every process that uses a semaphore reads its *boot marker*
 (:meth:`~celery_semaphore.Semaphore.boot_marker`) about once a second, from the heartbeat's
-sweep, and again when a lease refresh finds its permit gone.  A process that saw one marker
+sweep (:meth:`~celery_semaphore.Semaphore.sweep`: in the same call as the reclaim), and again
+when a lease refresh finds its permit gone.  A process that saw one marker
 and now finds another knows the state was lost.
 
 Then, with ``semaphore_restart_policy = "fail_closed"`` (the default), that process grants no
@@ -30,7 +31,15 @@ from .. import logs
 from ..core import clock
 from ..core.semaphore import Semaphore
 
-__all__ = ["POLICIES", "configure", "detect", "lost_at_grant", "quarantined", "recently_lost"]
+__all__ = [
+    "POLICIES",
+    "configure",
+    "detect",
+    "lost_at_grant",
+    "observe",
+    "quarantined",
+    "recently_lost",
+]
 
 POLICIES = ("fail_closed", "fail_open")
 
@@ -59,6 +68,12 @@ def detect(sem: Semaphore) -> bool:
     (the state was lost).  Starts the quarantine (fail_closed) and logs it.  Raises
     SemaphoreError when Redis fails."""
     _created, marker, fence = sem.boot_marker()
+    return observe(sem, marker, fence)
+
+
+def observe(sem: Semaphore, marker: str, fence: int) -> bool:
+    """:func:`detect` with the boot marker and fence already read (by a sweep,
+    :meth:`~celery_semaphore.Semaphore.sweep`)."""
     with _lock:
         before = _seen.get(id(sem))
         _seen[id(sem)] = marker

@@ -118,7 +118,7 @@ def test_a_slow_sweep_never_holds_up_a_lease_refresh(
         for other in dead:
             beat.watch(other)
         # one whole round of the sweep: every unreachable semaphore has failed once
-        assert heartbeat_records.wait_count(containing("state check failed"), len(dead), 30)
+        assert heartbeat_records.wait_count(containing("sweep failed"), len(dead), 30)
         assert not permit.lost
         assert [h.token for h in sem.holders()] == [permit.token]
     finally:
@@ -147,7 +147,7 @@ def test_a_failing_redis_costs_one_call_per_sweep(
         assert heartbeat_records.wait_count(
             containing("reclaimed 1 permit(s) whose lease expired"), 1, 10
         )
-        rounds = heartbeat_records.count(containing("state check failed"))
+        rounds = heartbeat_records.count(containing("sweep failed"))
         # about one failed call per round (a round a second), never one per name
         assert 1 <= rounds < len(dead), rounds
         assert healthy.holders() == []

@@ -142,6 +142,26 @@ def test_reclaimed_lease_wakes_a_blocked_waiter(
     waiter.permit.release()
 
 
+def test_a_sweep_reclaims_wakes_and_reads_the_boot_marker_in_one_call(
+    make_semaphore: SemaphoreFactory, redis_client: redis.Redis
+) -> None:
+    sem = make_semaphore("sweep", 1, poll_interval=5.0)
+    reclaimed, marker, fence = sem.sweep()  # a fresh state: the sweep writes its marker
+    assert (reclaimed, fence) == (0, 0)
+    assert sem.boot_marker() == (False, marker, 0)
+    holder = sem.acquire(blocking=False)
+    assert holder is not None
+    waiter = _block_one(sem)
+    time.sleep(0.1)
+    redis_client.zadd(sem.keys.expiry, {"h:" + holder.token: 0}, xx=True)  # its process died
+    assert sem.sweep() == (1, marker, holder.fencing_token)
+    assert waiter.done.wait(0.5), "the waiter was not woken when the sweep reclaimed the lease"
+    assert waiter.permit is not None
+    waiter.permit.release()
+    redis_client.delete(sem.keys.state)  # the state is lost: the next sweep finds a new marker
+    assert sem.sweep()[1] != marker
+
+
 @pytest.mark.parametrize("trigger", ["acquire", "refresh"])
 def test_lease_reclaimed_by_another_operation_wakes_waiters(
     make_semaphore: SemaphoreFactory, redis_client: redis.Redis, trigger: str
