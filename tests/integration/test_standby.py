@@ -11,6 +11,7 @@ import itertools
 import statistics
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -127,15 +128,23 @@ def test_standby_is_shown_standing_by_once_it_polls(
     assert _hows(env)["next"] == "standby"
 
 
+def _node_turning_over(
+    redis_server: RedisServer, cleanup: list[tuple[Env, list[Worker]]], concurrency: int
+) -> tuple[Env, Worker, Any, Any]:
+    """One prefork node whose semaphore has just turned over (so it sends standbys ahead):
+    (env, worker, client app, semaphore)."""
+    env = _env(redis_server)
+    worker = start_worker(env, pool="prefork", concurrency=concurrency)
+    cleanup.append((env, [worker]))
+    sem = semaphore(env)
+    _turn_over(env)
+    return env, worker, env.client_app(), sem
+
+
 def test_standby_leaves_a_free_slot_for_other_work(
     redis_server: RedisServer, cleanup: list[tuple[Env, list[Worker]]]
 ) -> None:
-    env = _env(redis_server)
-    worker = start_worker(env, pool="prefork", concurrency=3)
-    cleanup.append((env, [worker]))
-    app = env.client_app()
-    sem = semaphore(env)
-    _turn_over(env)
+    env, worker, app, sem = _node_turning_over(redis_server, cleanup, concurrency=3)
     flood = [app.send_task(proj.work_how.name, (f"f{i}", 1.5)) for i in range(4)]
     # one body runs, one task stands by in a second slot: the third slot stays free
     wait_until(lambda: len(sem.holders()) == 1 and len(sem.waiters()) == 3, 20, what="a line")
@@ -177,12 +186,7 @@ def test_standby_across_nodes_keeps_the_limit_and_runs_each_task_once(
 def test_a_task_revoked_while_it_stands_by_never_runs_and_leaves_the_line(
     redis_server: RedisServer, cleanup: list[tuple[Env, list[Worker]]]
 ) -> None:
-    env = _env(redis_server)
-    worker = start_worker(env, pool="prefork", concurrency=4)
-    cleanup.append((env, [worker]))
-    app = env.client_app()
-    sem = semaphore(env)
-    _turn_over(env)
+    env, worker, app, sem = _node_turning_over(redis_server, cleanup, concurrency=4)
     first = app.send_task(proj.work_how.name, ("t0", 1.5))
     wait_until(lambda: len(sem.holders()) == 1, 20, what="t0 runs")
     victim = app.send_task(proj.work_how.name, ("victim", 0.05))

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from celery import Celery
 
-from celery_semaphore.core.semaphore import HANDOFF_MARK, AttemptStatus
+from celery_semaphore.core.semaphore import HANDOFF_MARK, Attempt, AttemptStatus
 from celery_semaphore.integration import config, standby, wakes
 from celery_semaphore.integration.locks import semaphore_for
 from celery_semaphore.ops.testing import RedisServer
@@ -92,9 +92,11 @@ def test_a_standby_told_it_was_revoked_stops_waiting(app: Celery, key_prefix: st
     assert holder.permit.release()
 
 
-def test_a_standby_ignores_a_grant_under_another_claim_and_asks_again(
+def _behind_a_holder(
     app: Celery, key_prefix: str
-) -> None:
+) -> tuple[Any, Any, str, str, dict[str, Any], Attempt]:
+    """A semaphore of limit 1 with a holder, and "t:0" waiting behind it as a standby places
+    itself: (semaphore, holder's permit, claim, standby list, try_acquire kwargs, first)."""
     sem = semaphore_for(app, "api", 1, 30.0)
     claim = uuid.uuid4().hex
     _, key = _standby(app, key_prefix, claim)
@@ -106,9 +108,16 @@ def test_a_standby_ignores_a_grant_under_another_claim_and_asks_again(
     holder = sem.try_acquire("holder:0")
     assert holder.permit is not None
     first = sem.try_acquire("t:0", **kwargs)
+    return sem, holder.permit, claim, key, kwargs, first
+
+
+def test_a_standby_ignores_a_grant_under_another_claim_and_asks_again(
+    app: Celery, key_prefix: str
+) -> None:
+    sem, held, claim, key, kwargs, first = _behind_a_holder(app, key_prefix)
     # a forged grant (another claim), then a plain wake-up once the unit is really free
     sem.client.rpush(key, wakes.handoff_item("t:0", 99, time.time() + 30, "f" * 32))
-    timer = threading.Timer(0.2, holder.permit.release)
+    timer = threading.Timer(0.2, held.release)
     timer.start()
     try:
         got = standby.wait(
@@ -125,23 +134,13 @@ def test_a_standby_ignores_a_grant_under_another_claim_and_asks_again(
 def test_a_standby_not_granted_in_time_comes_back_waiting_with_its_place(
     app: Celery, key_prefix: str
 ) -> None:
-    sem = semaphore_for(app, "api", 1, 30.0)
-    claim = uuid.uuid4().hex
-    _, key = _standby(app, key_prefix, claim)
-    kwargs: dict[str, Any] = {
-        "claim": claim,
-        "wake_data": wakes.gate_wake_data(key),
-        "place_ttl": 5.0,
-    }
-    holder = sem.try_acquire("holder:0")
-    assert holder.permit is not None
-    first = sem.try_acquire("t:0", **kwargs)
+    sem, held, claim, key, kwargs, first = _behind_a_holder(app, key_prefix)
     got = standby.wait(
         sem, "t:0", claim, key, {"api": 1}, first, lambda: sem.try_acquire("t:0", **kwargs), 0.3
     )
     assert got.status is AttemptStatus.WAITING
     assert [w.ticket for w in sem.waiters()] == ["t:0"]  # the caller parks with it
-    assert holder.permit.release()
+    assert held.release()
 
 
 def test_the_gate_sends_standbys_only_while_the_semaphore_turns_over() -> None:
