@@ -38,6 +38,18 @@ def app(redis_server: RedisServer) -> Iterator[Celery]:
         yield a
 
 
+def _started_gate(consumer: StoppedConsumer) -> tuple[Gate, list[Any]]:
+    """A gate in front of ``consumer``, started, and the list of what it gives the pool."""
+    dispatched: list[Any] = []
+
+    def _process_task(req: Any) -> None:  # Celery's name for it (see Gate._direct)
+        dispatched.append(req)
+
+    gate = Gate(consumer, _process_task, hold=10)
+    gate.start()
+    return gate, dispatched
+
+
 def test_a_grant_not_handed_over_before_stop_is_released(app: Celery) -> None:
     @app.task(bind=True, name="gate_stop.limited", shared=False)  # not on other apps
     @limited("main", limit=1, lease_ttl=60)
@@ -45,13 +57,7 @@ def test_a_grant_not_handed_over_before_stop_is_released(app: Celery) -> None:
         pass
 
     consumer = StoppedConsumer(app)
-    dispatched: list[Any] = []
-
-    def _process_task(req: Any) -> None:
-        dispatched.append(req)
-
-    gate = Gate(consumer, _process_task, hold=10)
-    gate.start()
+    gate, dispatched = _started_gate(consumer)
     sem = semaphore_for(app, "main", 1, 60.0)
     blocker = sem.try_acquire("blocker")
     assert blocker.permit is not None
@@ -125,13 +131,7 @@ def test_a_grant_the_pool_never_started_is_given_back_once_the_pool_stopped(
     consumer = StoppedConsumer(app)
     pool = SimpleNamespace(_state=BasePool.RUN, TERMINATE=BasePool.TERMINATE)
     consumer.pool = pool
-    dispatched: list[Any] = []
-
-    def _process_task(req: Any) -> None:
-        dispatched.append(req)
-
-    gate = Gate(consumer, _process_task, hold=10)
-    gate.start()
+    gate, dispatched = _started_gate(consumer)
     sem = semaphore_for(app, "main2", 2, 60.0)
     dropped, started = Request(job), Request(job)
     try:
