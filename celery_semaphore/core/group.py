@@ -370,10 +370,12 @@ class SemaphoreGroup:
         tombstone_ttl: float | None = None,
         claim: str = "",
         timed: bool = True,
+        only_now: bool = False,
     ) -> bool:
         """Release ``token``'s permit in every member.  True when it was held (or this very
-        release was already applied) in at least one member.  ``timed``: as in
-        :meth:`Semaphore.release_token`."""
+        release was already applied) in at least one member.  ``timed``, ``only_now``: as in
+        :meth:`Semaphore.release_token` (``only_now``: True only when this call released it
+        in some member)."""
         token = _validate.ticket("token", token)
         claim = _validate.text("claim", claim)
         tomb = _validate.optional_non_negative_seconds("tombstone_ttl", tombstone_ttl)
@@ -391,7 +393,7 @@ class SemaphoreGroup:
         statuses = [int(v) for v in reply[1 : 1 + m]]
         if len(reply) > 1 + m:
             self._wake(reply[1 + m :])
-        return any(status in (1, 2) for status in statuses)
+        return any(status in ((1,) if only_now else (1, 2)) for status in statuses)
 
     def refresh_token(
         self,

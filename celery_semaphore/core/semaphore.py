@@ -358,7 +358,7 @@ class Permit:
             token, claim = self.token, self.claim
             if tombstone_ttl is None and type(token) is str and token and type(claim) is str:
                 # the usual case: token and claim were checked when the permit was granted
-                result = sem._release(token, _DEFAULT_TOMBSTONE_MS, claim, True, True)
+                result = sem._release(token, _DEFAULT_TOMBSTONE_MS, claim, True, True) in (1, 2)
             else:
                 result = sem.release_token(
                     self.token, tombstone_ttl=tombstone_ttl, claim=self.claim
@@ -805,9 +805,12 @@ class Semaphore:
         timed: bool = True,
         handoff: bool = True,
         reason: str = "",
+        only_now: bool = False,
     ) -> bool:
         """Release the permit held under ``token``.  True if it was held (or this very release
-        was already applied by a re-sent call); False if it was not held.  With ``claim``,
+        was already applied by a re-sent call); False if it was not held.  ``only_now``: True
+        only when this call released it, not when it was released already (its tombstone is
+        there: the holder released it, or a re-sent call did).  With ``claim``,
         only a permit granted under that claim is released.  ``tombstone_ttl=0`` leaves no
         tombstone (the token may be acquired again at once).  ``timed=False``: the hold ended
         no finished work (a forced release, a grant given back unused), so it does not count
@@ -824,9 +827,10 @@ class Semaphore:
             key = self.keys.gone(token)
             self._call(lambda: self.client.set(key, reason, px=int(GONE_TTL * 1000)))
         tomb_ms = self._ms(DEFAULT_TOMBSTONE_TTL) if tomb is None else int(tomb * 1000)
-        return self._release(token, tomb_ms, claim, timed, handoff)
+        status = self._release(token, tomb_ms, claim, timed, handoff)
+        return status == 1 if only_now else status in (1, 2)
 
-    def _release(self, token: str, tomb_ms: int, claim: str, timed: bool, handoff: bool) -> bool:
+    def _release(self, token: str, tomb_ms: int, claim: str, timed: bool, handoff: bool) -> int:
         """:meth:`release_token` with its arguments checked, the tombstone time in ms."""
         # see release.lua for the ARGV; the integers travel as one argument
         handler = self.on_handoff if handoff else None
@@ -849,7 +853,7 @@ class Semaphore:
             self._wake(reply[end:])
         elif len(reply) > 1:
             self._wake(reply[1:])
-        return int(reply[0]) in (1, 2)
+        return int(reply[0])
 
     def release_reason(self, token: str) -> str | None:
         """Why permit ``token`` was released by someone other than its holder (the

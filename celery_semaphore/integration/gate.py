@@ -935,8 +935,14 @@ class Gate:
         """Release for the task when its body will not release itself; ``timed`` when the
         body ran (its hold counts in the hold-time average), not when it never started."""
         try:
+            # only_now: a body that released its permit before its process was reported lost
+            # (or the pool dropped a finished job at stop) is no crash to log
             released = entry.sem.release_token(
-                entry.ticket, claim=entry.claim, tombstone_ttl=tombstone_ttl, timed=timed
+                entry.ticket,
+                claim=entry.claim,
+                tombstone_ttl=tombstone_ttl,
+                timed=timed,
+                only_now=True,
             )
         except SemaphoreError as exc:
             log_release.error(

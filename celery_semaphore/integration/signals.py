@@ -244,7 +244,7 @@ def _release_dead(task: Any, task_id: str | None, request: Any, why: str) -> Non
             partition="",
         )
         lock = lock_for(app, plan, opts.lease_ttl)
-        released = lock.release_token(token, claim=claim)
+        released = lock.release_token(token, claim=claim, only_now=True)
     except (SemaphoreError, TypeError, ValueError) as exc:
         log.error(
             "could not release the permit of task %s after %s: %s; it comes back when its "

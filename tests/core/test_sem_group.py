@@ -80,6 +80,8 @@ def test_all_or_nothing_and_a_place_in_every_line(
     assert permit.release() is True
     assert [a.inspect().used, b.inspect().used] == [0, 0]
     assert permit.release() is False
+    assert group.release_token("T") is True  # a re-sent release finds it done
+    assert group.release_token("T", only_now=True) is False  # ... and did not release it
     assert group.try_acquire("T", check_done=True).status is AttemptStatus.DONE
     assert_clean(redis_client, [a, b])
 

@@ -84,6 +84,12 @@ def test_resent_release_frees_units_once(
     assert _used(redis_client, sem) == 1
     assert [h.token for h in sem.holders()] == [keep.token]
 
+    # only_now: True only for the call that released it (not for a tombstone found)
+    assert sem.release_token(permit.token, only_now=True) is False
+    fresh = sem.acquire(blocking=False)
+    assert fresh is not None
+    assert sem.release_token(fresh.token, only_now=True) is True
+    assert sem.available() == 3
     # releasing a token that was never granted reports False and frees nothing
     assert sem.release_token("never-granted") is False
     assert _used(redis_client, sem) == 1
