@@ -423,14 +423,11 @@ class SemaphoreGroup:
             return None
         return int(reply[1]) / 1000
 
-    def withdraw(self, ticket: str, *, claim: str = "") -> bool:
-        """Give up the places of ``ticket`` in every member's line.  True if it had one (and
-        they were removed).  With ``claim``, none is removed when a member's place was last
-        asked under another claim (another copy's places are left in line)."""
+    def withdraw(self, ticket: str) -> bool:
+        """Give up the places of ``ticket`` in every member's line.  True if it had one."""
         ticket = _validate.ticket("ticket", ticket)
-        claim = _validate.text("claim", claim)
         reply = self._run(
-            "group_refresh", [ticket, f"w 1 1 1000 {self._aging_ms()}", self._limits(), claim]
+            "group_refresh", [ticket, f"w 1 1 1000 {self._aging_ms()}", self._limits()]
         )
         self._wake(reply[2:])
         return int(reply[0]) == 1
@@ -503,7 +500,7 @@ class SemaphoreGroup:
     ) -> None:
         try:
             if waiting and keep_place is None:
-                self.withdraw(ticket, claim=claim)
+                self.withdraw(ticket)
             elif waiting and keep_place is not None:
                 self.refresh_token(ticket, place_ttl=max(0.001, keep_place), claim=claim)
             if wake_keys:

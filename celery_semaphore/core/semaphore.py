@@ -900,17 +900,14 @@ class Semaphore:
             return None
         return int(reply[1]) / 1000
 
-    def withdraw(self, ticket: str, *, claim: str = "", wake: bool = False) -> bool:
-        """Give up a place in line.  True if there was one (and it was removed).  With
-        ``claim``, only a place last asked under that claim (or under none) is removed:
-        another copy's place is left in line.  ``wake=True`` (someone else withdraws it, e.g.
-        an operator's reset) also wakes the waiter itself, as a release would, so it finds
-        out at once that its place is gone and asks again; a parked one is woken only through
-        ``on_wake``."""
+    def withdraw(self, ticket: str, *, wake: bool = False) -> bool:
+        """Give up a place in line.  True if there was one.  ``wake=True`` (someone else
+        withdraws it, e.g. an operator's reset) also wakes the waiter itself, as a release
+        would, so it finds out at once that its place is gone and asks again; a parked one is
+        woken only through ``on_wake``."""
         ticket = _validate.ticket("ticket", ticket)
-        claim = _validate.text("claim", claim)
         flag = 1 if wake else 0
-        reply = self._run("withdraw", [ticket, self.limit, 1000, self._aging_ms, flag, claim])
+        reply = self._run("withdraw", [ticket, self.limit, 1000, self._aging_ms, flag])
         self._wake(reply[1:])
         return int(reply[0]) == 1
 
@@ -1180,7 +1177,7 @@ class Semaphore:
     ) -> None:
         try:
             if waiting and keep_place is None:
-                self.withdraw(ticket, claim=claim)
+                self.withdraw(ticket)
             elif waiting and keep_place is not None:
                 # the caller keeps its place with its own ticket: restore the place's lifetime
                 # (under its claim: a grant another copy holds meanwhile is not extended)

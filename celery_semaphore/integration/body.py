@@ -427,7 +427,7 @@ def _leave_line(task: Any, sem: Semaphore, ticket: str, claim: str) -> None:
     """A task that stood by leaves the line without running: its place goes, and a grant a
     release made to it meanwhile (under its claim) is given back."""
     try:
-        if not sem.withdraw(ticket, claim=claim):
+        if not sem.withdraw(ticket):
             sem.release_token(ticket, claim=claim, tombstone_ttl=0, timed=False)
     except SemaphoreError as exc:
         log_wait.warning(
@@ -617,7 +617,7 @@ def _park(
     first = state.first_wait if state.first_wait is not None else now
     waited = now - first
     if opts.max_wait is not None and waited >= opts.max_wait:
-        _withdraw_quietly(sem, ticket, common["claim"])
+        _withdraw_quietly(sem, ticket)
         raise _timeout(task, sem, waited, opts.max_wait)
     countdown = _backoff(task, opts, state.waits)
     if opts.max_wait is not None:
@@ -702,9 +702,9 @@ def _backoff(task: Any, opts: config.ResolvedOptions, waits: int) -> float:
     return random.uniform(0, ceiling) if opts.retry_jitter else ceiling
 
 
-def _withdraw_quietly(sem: Lock, ticket: str, claim: str) -> None:
+def _withdraw_quietly(sem: Lock, ticket: str) -> None:
     try:
-        sem.withdraw(ticket, claim=claim)
+        sem.withdraw(ticket)
     except SemaphoreError as exc:
         log_wait.warning(
             "could not withdraw %s: %s",

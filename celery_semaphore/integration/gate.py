@@ -310,7 +310,7 @@ class Gate:
                 del self._pending[entry.ticket]
         for entry in held + stranded:
             try:
-                if not entry.sem.withdraw(entry.ticket, claim=entry.claim):
+                if not entry.sem.withdraw(entry.ticket):
                     self._give_back_handoff(entry)  # a release may have granted it meanwhile
             except SemaphoreError as exc:
                 log.debug(
@@ -324,8 +324,7 @@ class Gate:
             self._release(entry, "the worker stopped before it started", tombstone_ttl=0)
         for entry in standing:
             try:
-                # a waiting place only: never a grant
-                entry.sem.withdraw(entry.ticket, claim=entry.claim)
+                entry.sem.withdraw(entry.ticket)  # a waiting place only: never a grant
             except SemaphoreError as exc:
                 log.debug("withdraw at stop failed: %s", exc, semaphore=None, task_id=entry.req.id)
 
@@ -1251,7 +1250,7 @@ class Gate:
         """Take ``entry``'s place out of line, and give back a grant a release made to it
         meanwhile (under its claim)."""
         try:
-            if not entry.sem.withdraw(entry.ticket, claim=entry.claim):
+            if not entry.sem.withdraw(entry.ticket):
                 self._give_back_handoff(entry)  # a release may have granted it meanwhile
         except SemaphoreError as exc:
             self._failed_at = clock.monotonic()

@@ -1,19 +1,17 @@
-"""Claims across the copies of one execution: a copy of a parked task takes back a grant a
-release handed off to its previous delivery's place (under that delivery's claim), even when
-Redis's reply to that give-back is lost and redis-py sends the call again (the lost reply is
-injected); a delivery that leaves the line takes its own place only (real Redis)."""
+"""A copy of a parked task takes back a grant a release handed off to its previous
+delivery's place (under that delivery's claim), even when Redis's reply to that give-back is
+lost and redis-py sends the call again (real Redis; the lost reply is injected)."""
 
 from __future__ import annotations
 
 import uuid
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
 from celery import Celery
 
 from celery_semaphore.core.semaphore import AttemptStatus, Semaphore
-from celery_semaphore.integration.body import _ask, _leave_line
+from celery_semaphore.integration.body import _ask
 from celery_semaphore.integration.delivery import WaitState
 from celery_semaphore.integration.locks import semaphore_for
 from celery_semaphore.ops.testing import RedisServer
@@ -75,19 +73,3 @@ def test_a_copy_leaves_alone_a_grant_held_under_another_live_claim(
     assert attempt.status is AttemptStatus.HELD_ELSEWHERE
     assert held.permit.refresh()  # still the live copy's
     assert held.permit.release()
-
-
-def test_a_delivery_leaving_the_line_leaves_a_newer_copys_place(sem: Semaphore) -> None:
-    holder = sem.try_acquire("other:0", claim="x")
-    assert holder.permit is not None
-    new = uuid.uuid4().hex
-    # a newer copy of the execution asked last: the place is under its claim now
-    waiting = sem.try_acquire("t:0", claim=new, owner={"claim": new}, place_ttl=30.0)
-    assert waiting.status is AttemptStatus.WAITING
-    task = SimpleNamespace(request=SimpleNamespace(id="t"))
-
-    _leave_line(task, sem, "t:0", uuid.uuid4().hex)  # e.g. a standby revoked meanwhile
-    assert [w.ticket for w in sem.waiters()] == ["t:0"]
-    _leave_line(task, sem, "t:0", new)
-    assert sem.waiters() == []
-    assert holder.permit.release()

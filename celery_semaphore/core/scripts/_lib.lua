@@ -405,17 +405,6 @@ function F.parse_waiter(raw)
           d = string.sub(raw, pstop, stop - 1), o = string.sub(raw, stop)}
 end
 
--- Is the place `info` another delivery's than the caller's `claim`?  A place belongs to the
--- claim it was last asked under (its owner's "claim"); '' (the caller names none) and a place
--- whose owner names none belong to anyone.
-function F.foreign_place(info, claim)
-  if claim == '' then return false end
-  local ok, owner = pcall(cjson.decode, info.o)
-  if not ok or type(owner) ~= 'table' then return false end
-  local c = owner.claim
-  return type(c) == 'string' and c ~= '' and c ~= claim
-end
-
 function F.encode_waiter(info)
   return info.w .. ' ' .. info.since .. ' ' .. info.e .. ' ' .. info.wk .. ' ' .. info.g .. ' '
     .. info.seq .. ' ' .. #info.p .. ' ' .. #info.d .. ' ' .. info.p .. info.d .. info.o

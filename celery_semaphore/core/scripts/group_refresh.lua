@@ -7,15 +7,12 @@
 --                   wake_grace_ms aging_ms
 -- ARGV[3] limits    each member's limit (the caller's; a runtime override wins), in order
 -- ARGV[4] claim     refresh: '' extends whoever holds `token`; otherwise only a grant made
---                   under this claim in every member (another delivery's is left alone);
---                   withdraw: '' removes whoever's places; otherwise none when a member's
---                   place was last asked under another claim
+--                   under this claim in every member (another delivery's is left alone)
 --
 -- Returns {status, expiry ms, wake triples (member index, ticket, data)...}.
 --   refresh:  status 1 holder in every member, extended; 2 waiter in every member, extended;
 --             3 held under another claim in some member (nothing is extended); 0 otherwise (nothing is extended: the group permit or place is lost).
---   withdraw: status 1 when it had a place in some member (all are removed), 3 when one is
---             another claim's (none is removed), else 0.
+--   withdraw: status 1 when it had a place in some member (all are removed), else 0.
 local token, claim = ARGV[1], ARGV[4] or ''
 local mode, lease_ms, place_ms, grace, aging =
   string.match(ARGV[2], '^(%S+) (%S+) (%S+) (%S+) (%S+)$')
@@ -43,18 +40,10 @@ end
 
 local status, expiry = 0, 0
 if mode == 'w' then
-  local places = {}
   for i = 1, m do
     if waiters[i] then
       F.use(i)
-      places[i] = F.parse_waiter(waiters[i])
-      if F.foreign_place(places[i], claim) then status = 3 end
-    end
-  end
-  for i = 1, m do
-    if places[i] and status ~= 3 then
-      F.use(i)
-      F.drop_waiter(token, places[i])
+      F.drop_waiter(token, F.parse_waiter(waiters[i]))
       status = 1
     end
   end
