@@ -89,7 +89,15 @@ class Proxy:
                 self._close(client)
                 continue
             with self._lock:
-                self._conns.update((client, upstream))
+                # set_mode("refuse") may have come while the upstream connection was made:
+                # checked under the lock it takes, so no connection outlives a refusal
+                refused = self.mode == "refuse"
+                if not refused:
+                    self._conns.update((client, upstream))
+            if refused:
+                self._close(client)
+                self._close(upstream)
+                continue
             for src, dst, replies in ((client, upstream, False), (upstream, client, True)):
                 threading.Thread(
                     target=self._pump, args=(src, dst, replies), daemon=True, name="chaos-pump"
