@@ -22,7 +22,6 @@ from celery.concurrency.base import BasePool
 from celery.worker import state
 
 from celery_semaphore import limited
-from celery_semaphore.core import _scripts
 from celery_semaphore.integration.gate import Gate
 from celery_semaphore.integration.locks import semaphore_for
 from celery_semaphore.ops.testing import RedisServer
@@ -157,47 +156,3 @@ def test_a_grant_the_pool_never_started_is_given_back_once_the_pool_stopped(
             state.task_ready(req)
         sem.release_token(f"{started.id}:0")
     assert sem.holders() == []
-
-
-def test_a_burst_of_arrivals_is_asked_in_one_round_trip_in_order(
-    app: Celery, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """The gate's first attempts for requests that arrived together go in one round trip,
-    in arrival order: the first ``limit`` are granted, the others wait in that order."""
-
-    @app.task(bind=True, name="gate_stop.limited3", shared=False)
-    @limited("main3", limit=2, lease_ttl=60)
-    def job(self: Any) -> None:
-        pass
-
-    sent: list[int] = []
-    real = _scripts._send_and_read_many
-
-    def counting(conn: Any, packed: list[bytes]) -> list[Any]:
-        sent.append(len(packed))
-        return real(conn, packed)
-
-    monkeypatch.setattr(_scripts, "_send_and_read_many", counting)
-    consumer = StoppedConsumer(app)
-    gate = Gate(consumer, lambda req: None, hold=10)  # not started: the test takes arrivals
-    sem = semaphore_for(app, "main3", 2, 60.0)
-    reqs = [Request(job) for _ in range(5)]
-    try:
-        for req in reqs:
-            state.task_reserved(req)
-            assert gate.on_task_request(req) is None
-        burst = list(gate._arrivals)
-        gate._arrivals.clear()
-        gate._first_attempts(burst)
-        assert sent == [5]
-        assert sorted(h.owner["task_id"] for h in sem.holders()) == sorted(r.id for r in reqs[:2])
-        assert [w.ticket for w in sem.waiters()] == [f"{r.id}:0" for r in reqs[2:]]
-        assert gate.held() == [f"{r.id}:0" for r in reqs[2:]]
-    finally:
-        gate.stop()
-        for req in reqs:
-            state.task_ready(req)
-        for req in reqs[:2]:
-            sem.release_token(f"{req.id}:0")
-    assert sem.holders() == []
-    assert sem.waiters() == []
