@@ -25,7 +25,7 @@ from importlib.resources import files
 from typing import Any
 
 import redis as redis_lib
-from redis.exceptions import NoScriptError, ResponseError
+from redis.exceptions import NoScriptError
 
 _record: Callable[..., None] | None
 try:  # redis-py >= 8 records command durations when OpenTelemetry is set up
@@ -91,19 +91,6 @@ def _send_and_read(conn: Any, packed: bytes) -> Any:
     return conn.read_response()
 
 
-def _send_and_read_many(conn: Any, packed: list[bytes]) -> list[Any]:
-    """Send every command, then read every reply; an error reply is returned, not raised
-    (redis-py reads it whole before raising, so the next reply is read as it should be)."""
-    conn.send_packed_command(packed)
-    replies: list[Any] = []
-    for _ in packed:
-        try:
-            replies.append(conn.read_response())
-        except ResponseError as exc:
-            replies.append(exc)
-    return replies
-
-
 def _takes_no_arguments(method: Any) -> bool:
     """Whether ``pool.get_connection()`` may be called without a command name (redis-py >=
     5.3; earlier ones require it)."""
@@ -167,37 +154,6 @@ class ScriptSet:
             self._load(operation)
             return client.execute_command("EVALSHA", self._shas[operation], *key_args, *args, last)
 
-    def run_many(self, calls: list[tuple[str, tuple[bytes, ...], list[Any], Any]]) -> list[Any]:
-        """:meth:`run` for each ``(operation, key_args, args, last)``, in order: one round trip
-        on the lean route (one per call otherwise).  A reply that is an error is returned as
-        its ``ResponseError``; a call the server did not know the script for is run again
-        once the script is loaded."""
-        if self._pool is None or len(calls) < 2:
-            return [self._run_catching(*call) for call in calls]
-        packed = [self._pack(*call) for call in calls]
-        pool = self._pool
-        started = time.monotonic() if _record is not None else 0.0
-        conn = pool.get_connection() if self._bare_get else pool.get_connection("EVALSHA")
-        try:
-            replies: list[Any] = conn.retry.call_with_retry(
-                lambda: _send_and_read_many(conn, packed), lambda _error: conn.disconnect()
-            )
-        finally:
-            pool.release(conn)
-        self._recorded(conn, started)
-        for i, reply in enumerate(replies):
-            if isinstance(reply, NoScriptError):  # nothing ran: the script is loaded now
-                replies[i] = self._run_catching(*calls[i])
-        return replies
-
-    def _run_catching(
-        self, operation: str, key_args: tuple[bytes, ...], args: list[Any], last: Any
-    ) -> Any:
-        try:
-            return self.run(operation, key_args, args, last)
-        except ResponseError as exc:
-            return exc
-
     def _load(self, operation: str) -> None:
         script = self._scripts[operation]
         script.sha = self._client.script_load(script.script)
@@ -243,12 +199,6 @@ class ScriptSet:
             )
         finally:
             pool.release(conn)
-        self._recorded(conn, started)
-        return reply
-
-    @staticmethod
-    def _recorded(conn: Any, started: float) -> None:
-        """Report the round trip to redis-py's observability, as its own commands do."""
         if _record is not None:
             _record(
                 command_name="EVALSHA",
@@ -257,3 +207,4 @@ class ScriptSet:
                 server_port=getattr(conn, "port", None),
                 db_namespace=str(getattr(conn, "db", "")),
             )
+        return reply

@@ -53,7 +53,6 @@ from .keys import SemaphoreKeys, validate_prefix
 from .rates import Rate, encode_rates, parse_rates
 
 __all__ = [
-    "try_acquire_many",
     "HANDOFF_MARK",
     "Attempt",
     "AttemptStatus",
@@ -108,11 +107,6 @@ class AttemptStatus(IntEnum):
 
 
 _STATUSES = {status.value: status for status in AttemptStatus}
-#: what ``Semaphore._attempt`` takes: ticket, weight, owner, place ms, lease ms, grace ms,
-#: claim, wake data, epoch, done mode, partition, cap, partition weight
-_AttemptArgs = tuple[
-    str, int, Mapping[str, Any] | None, int, int, int, str, str, int, int, str, int, int
-]
 
 
 @dataclass(frozen=True)
@@ -693,44 +687,6 @@ class Semaphore:
         :param partition_weight: 1 to 1000: the partition's share is proportional to it;
             stored like ``partition_cap``.
         """
-        return self._attempt(
-            *self._checked_acquire(
-                ticket,
-                weight=weight,
-                owner=owner,
-                place_ttl=place_ttl,
-                claim=claim,
-                wake_data=wake_data,
-                wake_grace=wake_grace,
-                epoch=epoch,
-                check_done=check_done,
-                new_execution=new_execution,
-                lease_ttl=lease_ttl,
-                partition=partition,
-                partition_cap=partition_cap,
-                partition_weight=partition_weight,
-            )
-        )
-
-    def _checked_acquire(
-        self,
-        ticket: str,
-        *,
-        weight: int = 1,
-        owner: Mapping[str, Any] | None = None,
-        place_ttl: float = 0.0,
-        claim: str = "",
-        wake_data: str = "",
-        wake_grace: float = 1.0,
-        epoch: int = 0,
-        check_done: bool = False,
-        new_execution: bool = False,
-        lease_ttl: float | None = None,
-        partition: str = "",
-        partition_cap: int | None = None,
-        partition_weight: int = 1,
-    ) -> _AttemptArgs:
-        """:meth:`try_acquire`'s arguments, checked, as :meth:`_attempt` takes them."""
         ticket = _validate.ticket("ticket", ticket)
         weight = _validate.positive_int("weight", weight, maximum=self.limit)
         self._check_rate_weight(weight)
@@ -741,7 +697,7 @@ class Semaphore:
         part, cap, part_weight = self._partition_args(
             weight, partition, partition_cap, partition_weight
         )
-        return (
+        return self._attempt(
             ticket,
             weight,
             owner,
@@ -774,40 +730,6 @@ class Semaphore:
         part_weight: int,
     ) -> Attempt:
         """:meth:`try_acquire` with its arguments checked and in the scripts' units."""
-        args = self._acquire_argv(
-            ticket,
-            weight,
-            owner,
-            place_ms,
-            lease_ms,
-            grace_ms,
-            claim,
-            wake_data,
-            epoch,
-            done_mode,
-            part,
-            cap,
-            part_weight,
-        )
-        return self._acquired(self._run("acquire", args), ticket, weight, claim)
-
-    def _acquire_argv(
-        self,
-        ticket: str,
-        weight: int,
-        owner: Mapping[str, Any] | None,
-        place_ms: int,
-        lease_ms: int,
-        grace_ms: int,
-        claim: str,
-        wake_data: str,
-        epoch: int,
-        done_mode: int,
-        part: str,
-        cap: int,
-        part_weight: int,
-    ) -> list[Any]:
-        """The ARGV of acquire.lua for :meth:`_attempt`'s arguments."""
         owner_text = (
             json.dumps(dict(owner), default=str) if owner is not None else _default_owner_text()
         )
@@ -816,10 +738,9 @@ class Semaphore:
             f"{weight} {self.limit} {lease_ms} {place_ms} {grace_ms} {epoch} {done_mode} {cap} "
             f"{part_weight} {self._aging_ms}"
         )
-        return [ticket, numbers, claim, owner_text, wake_data, part, self._rate_text]
-
-    def _acquired(self, reply: list[Any], ticket: str, weight: int, claim: str) -> Attempt:
-        """The :class:`Attempt` acquire.lua's ``reply`` reports (waking whoever it names)."""
+        reply = self._run(
+            "acquire", [ticket, numbers, claim, owner_text, wake_data, part, self._rate_text]
+        )
         status = _STATUSES[int(reply[0])]
         limit = int(reply[4])
         if len(reply) > 6:
@@ -1451,52 +1372,3 @@ def _owner(raw: Any) -> dict[str, Any]:
     except (TypeError, ValueError):
         return {"raw": raw}
     return value if isinstance(value, dict) else {"value": value}
-
-
-def try_acquire_many(
-    calls: Sequence[tuple[Semaphore, str, Mapping[str, Any]]],
-) -> list[Attempt | Exception]:
-    """:meth:`~celery_semaphore.Semaphore.try_acquire` for each ``(semaphore, ticket, kwargs)`` of
-    ``calls``, in order, in one round trip for the calls whose semaphores share one client
-    (one per client otherwise).  Each call is its own script, as atomic as a lone
-    ``try_acquire``, and the server runs them in the order given; no call sees another's
-    reply, so this suits a burst of independent arrivals.  Returns, for each call, its
-    :class:`Attempt`, or the exception ``try_acquire`` would have raised (``ValueError``,
-    ``TypeError``, :class:`~celery_semaphore.SemaphoreError`): one call's failure fails no
-    other, except that a Redis error of the round trip fails every call sent in it."""
-    results: list[Attempt | Exception | None] = [None] * len(calls)
-    by_client: dict[int, list[tuple[int, Semaphore, _AttemptArgs, list[Any]]]] = {}
-    for i, (sem, ticket, kwargs) in enumerate(calls):
-        try:
-            checked = sem._checked_acquire(ticket, **kwargs)
-            argv = sem._acquire_argv(*checked)
-            if sem._scripts is None:
-                sem._load_scripts()
-        except (ValueError, TypeError, SemaphoreError) as exc:
-            results[i] = exc
-            continue
-        by_client.setdefault(id(sem.client), []).append((i, sem, checked, argv))
-    for batch in by_client.values():
-        scripts = batch[0][1]._scripts
-        assert scripts is not None  # loaded above
-        sent = [
-            ("acquire", sem._key_args, argv, b"1" if sem.on_wake is not None else b"0")
-            for _, sem, _, argv in batch
-        ]
-        try:
-            replies = scripts.run_many(sent)
-        except RedisError as exc:
-            for i, sem, _, _ in batch:
-                results[i] = sem._error(exc)
-            continue
-        for (i, sem, checked, _), reply in zip(batch, replies, strict=True):
-            if isinstance(reply, RedisError):
-                results[i] = sem._error(reply)
-                continue
-            try:
-                results[i] = sem._acquired(reply, checked[0], checked[1], checked[6])
-            except ValueError as exc:
-                results[i] = exc
-    done = [r for r in results if r is not None]
-    assert len(done) == len(calls)  # every call was answered above, or failed
-    return done

@@ -52,7 +52,7 @@ from redis.exceptions import RedisError
 from .. import logs
 from ..core import clock
 from ..core.exceptions import SemaphoreError
-from ..core.semaphore import HANDOFF_MARK, Attempt, AttemptStatus, Semaphore, try_acquire_many
+from ..core.semaphore import HANDOFF_MARK, AttemptStatus, Semaphore
 from . import children, config, events, targets, wakes
 from .clients import client_for
 from .delivery import (
@@ -117,8 +117,6 @@ TICK = 1.0
 WAKE_GRACE = 1.0
 #: the most wake-ups taken from the wake list in one go
 WAKE_BATCH = 64
-#: the most first attempts of arrivals asked in one round trip
-ARRIVALS_BATCH = 32
 #: seconds between two looks at the pool children running gated bodies (prefork, Linux)
 REAP_EVERY = 0.2
 #: seconds the gate remembers a held task that left without a grant, in case a handoff for it
@@ -471,14 +469,11 @@ class Gate:
             return
         self._attempt(entry)
 
-    def _attempt(
-        self, entry: _Entry, *, first: bool = False, answer: Attempt | Exception | None = None
-    ) -> None:
+    def _attempt(self, entry: _Entry, *, first: bool = False) -> None:
         """One try_acquire for a held entry (the caller set ``entry.busy``); ``first``: its
-        first, by the arrivals thread; ``answer``: its reply, already asked in a batch."""
+        first, by the arrivals thread."""
         while True:
-            status = self._try(entry, answer)
-            answer = None  # asking again (a wake-up came meanwhile) is a call of its own
+            status = self._try(entry)
             with self._lock:
                 stopped = entry.stage not in HOLDING  # stop() gave it back meanwhile
                 if not stopped and status is None and entry.again:
@@ -700,40 +695,29 @@ class Gate:
                 break
             del self._left[oldest]
 
-    @staticmethod
-    def _asking(entry: _Entry) -> dict[str, Any]:
-        """The keyword arguments of ``entry``'s ``try_acquire`` (under its claim)."""
-        state = entry.state
-        return {
-            "owner": entry.owner,
-            "place_ttl": entry.place_ttl,
-            "claim": entry.claim,
-            "wake_data": entry.wake_data,
-            "wake_grace": WAKE_GRACE,
-            "epoch": state.epoch,
-            # a copy of an execution may have run already; a first delivery is a new request
-            "check_done": copy_of_execution(state),
-            "new_execution": not copy_of_execution(state),
-            "lease_ttl": entry.opts.lease_ttl,
-            **lock_kwargs(entry.plan),
-        }
-
-    def _try(self, entry: _Entry, answer: Attempt | Exception | None = None) -> str | None:
+    def _try(self, entry: _Entry) -> str | None:
         """None while waiting; else what to do with the request: ``granted`` (run it with the
         grant) or ``slot`` (let the body's wrapper acquire: a redelivered copy whose previous
-        delivery holds the permit, a duplicate, or Redis failing at the first try).
-        ``answer``: the reply to this very attempt, already asked in a batch of arrivals
-        (:meth:`_first_attempts`)."""
+        delivery holds the permit, a duplicate, or Redis failing at the first try)."""
+        state = entry.state
         entry.retry_at = 0.0  # only a fresh WAITING reply sets a time to try again
-        if answer is None and quarantined(entry.sem):
+        if quarantined(entry.sem):
             return None  # the state was lost: hold on until the running bodies re-assert
         try:
-            if answer is None:
-                attempt = entry.sem.try_acquire(entry.ticket, **self._asking(entry))
-            elif isinstance(answer, Exception):
-                raise answer
-            else:
-                attempt = answer
+            attempt = entry.sem.try_acquire(
+                entry.ticket,
+                owner=entry.owner,
+                place_ttl=entry.place_ttl,
+                claim=entry.claim,
+                wake_data=entry.wake_data,
+                wake_grace=WAKE_GRACE,
+                epoch=state.epoch,
+                # a copy of an execution may have run already; a first delivery is a new request
+                check_done=copy_of_execution(state),
+                new_execution=not copy_of_execution(state),
+                lease_ttl=entry.opts.lease_ttl,
+                **lock_kwargs(entry.plan),
+            )
         except SemaphoreError as exc:
             self._failed_at = clock.monotonic()
             # Fail closed: keep holding (a held task never runs without a permit), try again
@@ -1063,10 +1047,7 @@ class Gate:
                     self._arrived.wait(REAP_EVERY if self._watch_children else TICK)
                 if self._stop.is_set():
                     return
-                burst = [
-                    self._arrivals.popleft()
-                    for _ in range(min(len(self._arrivals), ARRIVALS_BATCH))
-                ]
+                entry = self._arrivals.popleft() if self._arrivals else None
             if self._watch_children and clock.monotonic() >= next_reap:
                 next_reap = clock.monotonic() + REAP_EVERY
                 try:
@@ -1079,36 +1060,10 @@ class Gate:
                         semaphore=None,
                         task_id=None,
                     )
-            if burst:
-                self._first_attempts(burst)
-
-    def _first_attempts(self, burst: list[_Entry]) -> None:
-        """The first attempts of the requests that arrived, in order: in one round trip for
-        those on plain semaphores (each its own script; none depends on another's reply),
-        then each handled as a lone attempt would be."""
-        batch: list[_Entry] = []
-        calls: list[tuple[Semaphore, str, dict[str, Any]]] = []
-        for entry in burst:
-            sem = entry.sem
-            if isinstance(sem, Semaphore) and not quarantined(sem):
-                batch.append(entry)
-                calls.append((sem, entry.ticket, self._asking(entry)))
-        answers: dict[int, Attempt | Exception] = {}
-        if len(batch) > 1:
+            if entry is None:
+                continue
             try:
-                asked = try_acquire_many(calls)
-                answers = {id(e): a for e, a in zip(batch, asked, strict=True)}
-            except Exception as exc:  # a bug: ask one by one
-                log.warning(
-                    "gate: a batch of first attempts failed: %s: %s; asking one by one",
-                    type(exc).__name__,
-                    exc,
-                    semaphore=None,
-                    task_id=None,
-                )
-        for entry in burst:
-            try:
-                self._attempt(entry, first=True, answer=answers.get(id(entry)))
+                self._attempt(entry, first=True)
             except Exception as exc:  # never let it die; the tick retries the entry
                 with self._lock:
                     entry.busy = False
