@@ -204,7 +204,7 @@ def test_quickstart_holds_its_limit_with_a_real_worker(env: Env) -> None:
         # by Celery's own prerun/postrun signals, not by the semaphore), so a slot stays free
         wait_until(lambda: int(client.get(in_slots) or 0) == 0, 10, what="the slots emptied")
         slots_used = [int(x) for x in client.lrange(in_slots_seen, 0, -1)]
-        assert len(slots_used) == TASKS, slots_used
+        assert len(slots_used) >= TASKS, slots_used  # more if a standby parked and came back
         assert max(slots_used) <= LIMIT + STANDBY < CONCURRENCY, slots_used
         # a body's end is counted before its worker logs "succeeded": wait for the last line
         wait_until(
