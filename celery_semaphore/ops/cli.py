@@ -135,15 +135,21 @@ class _Ops:
         except (TypeError, ValueError) as exc:  # e.g. a malformed semaphore_limits
             _fail(f"invalid configuration: {exc}", EXIT_USAGE)
 
+    def has_state(self, name: str) -> bool:
+        """Has Redis state for ``name``, at its keys as ``semaphore_hash_tag`` lays them out."""
+        from ..core.keys import SemaphoreKeys
+
+        hash_tag = self.app.conf.get("semaphore_hash_tag", None)
+        return bool(self.client.exists(SemaphoreKeys.for_name(name, self.prefix, hash_tag).state))
+
     def entry(self, name: str) -> Any:
         """The Known entry for ``name``; exit 1 when no source knows it."""
-        from ..core.keys import SemaphoreKeys
         from .registry import Known
 
         entries = self.known(scan=False)
         if name in entries:
             return entries[name]
-        if self.client.exists(SemaphoreKeys.for_name(name, self.prefix).state):
+        if self.has_state(name):
             return Known(name, found_in={"redis"})
         _fail(
             f"unknown semaphore {name!r} under key prefix {self.prefix!r}: no task of the app "
@@ -414,12 +420,10 @@ def _matching(ops: _Ops, name: str) -> list[Any]:
 
     if not is_pattern(name):
         return [ops.entry(name)]
-    from ..core.keys import SemaphoreKeys
-
     known = ops.known()
     if name in known:
         return [known[name]]
-    if ops.client.exists(SemaphoreKeys.for_name(name, ops.prefix).state):
+    if ops.has_state(name):
         return [ops.entry(name)]
     matched = [entry for n, entry in known.items() if fnmatch.fnmatchcase(n, name)]
     if not matched:

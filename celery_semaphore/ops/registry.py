@@ -37,6 +37,8 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import unquote
 
+from ..core.keys import encode_name
+
 __all__ = [
     "Known",
     "TaskUse",
@@ -243,18 +245,25 @@ def forget(client: Any, prefix: str, name: str) -> bool:
 # -- discovery --------------------------------------------------------------------------------
 
 
-def discover(client: Any, prefix: str) -> set[str]:
+def discover(client: Any, prefix: str, hash_tag: str | None = None) -> set[str]:
     """Names of the semaphores with state in Redis under ``prefix`` (a SCAN: operator tools
-    only).  Names too long to be readable in their key (hashed, see :mod:`.keys`) are left
-    out unless another source knows them."""
-    pattern = f"{_glob_escape(prefix)}:{{*}}:state"
-    head, tail = len(prefix) + 2, len("}:state")
+    only), with their keys as ``semaphore_hash_tag`` lays them out: ``{name}`` without one,
+    ``{hash_tag}:n:name`` with one.  Names too long to be readable in their key (hashed, see
+    :mod:`.keys`) are left out unless another source knows them."""
+    if hash_tag is None:
+        head_text, pattern = f"{prefix}:{{", f"{_glob_escape(prefix)}:{{*}}:state"
+        tail_text = "}:state"
+    else:
+        head_text = f"{prefix}:{{{encode_name(hash_tag)}}}:n:"
+        pattern, tail_text = f"{_glob_escape(head_text)}*:state", ":state"
+    head, tail = len(head_text), len(tail_text)
     names = set()
     for raw in client.scan_iter(match=pattern, count=SCAN_COUNT):
-        tag = _text(raw)[head:-tail]
-        if "}" in tag or "{" in tag or "~" in tag:
+        encoded = _text(raw)[head:-tail]
+        # a name's encoding quotes ":" and braces: anything else is another kind of key
+        if "}" in encoded or "{" in encoded or "~" in encoded or ":" in encoded:
             continue
-        names.add(unquote(tag, encoding="utf-8", errors="strict"))
+        names.add(unquote(encoded, encoding="utf-8", errors="strict"))
     return names
 
 
@@ -269,7 +278,8 @@ def known(
             entry.tasks[use.task] = (use.limit, use.weight)
             entry.found_in.add("app")
     if scan:
-        for name in discover(client, prefix):
+        hash_tag = app.conf.get("semaphore_hash_tag", None) if app is not None else None
+        for name in discover(client, prefix, hash_tag):
             out.setdefault(name, Known(name)).found_in.add("redis")
     if app is not None:
         from ..integration.config import configured_limit

@@ -169,3 +169,28 @@ def test_list_shows_the_limit_a_pattern_key_gives(
         "llm:d": (8, "setting"),
         "db": (2, "code"),
     }
+
+
+def test_semaphores_only_in_redis_are_found_under_the_apps_hash_tag(
+    redis_url: str, key_prefix: str, make_semaphore: SemaphoreFactory
+) -> None:
+    """With ``semaphore_hash_tag``, a semaphore's keys are ``{tag}:n:name``: `list` finds one
+    that only Redis knows, `show` takes its exact name, and a pattern matches it."""
+    app = make_app(redis_url, key_prefix, semaphore_hash_tag="billing")
+    try:
+        for name in ("pay:eu", "pay:us"):
+            permit = make_semaphore(name, 2, hash_tag="billing").acquire(blocking=False)
+            assert permit is not None  # leaves state in Redis, under the tag
+        listed = run_cli(app, "list")
+        assert listed.exit_code == 0, listed.output
+        assert "pay:eu" in listed.stdout
+        assert "pay:us" in listed.stdout
+        shown = run_cli(app, "show", "pay:eu")
+        assert shown.exit_code == 0, shown.output
+        assert "in use: 1 of" in shown.stdout, shown.stdout
+        changed = run_cli(app, "set-limit", "pay:*", "1", "--yes")
+        assert changed.exit_code == 0, changed.output
+        for name in ("pay:eu", "pay:us"):
+            assert make_semaphore(name, 2, hash_tag="billing").inspect().limit_override == 1
+    finally:
+        app.close()
