@@ -50,6 +50,7 @@ LIMIT = 8
 SPARE = 16  # worker slots per node in (b)/(c) with the threads pool
 SPARE_PREFORK = 12  # ... with prefork (child processes; heavy on a 2-core machine)
 NODES = 2
+FREE_LIMIT = 10_000  # the (free) row's limit: above any number of tasks in flight
 START_TIMEOUT = 60.0
 
 
@@ -104,6 +105,7 @@ class Design:
     slots: int  # per node
     pool: str
     conf: tuple[tuple[str, Any], ...] = ()  # app settings for this design's workers only
+    limit: int = LIMIT  # the limited task's limit
 
 
 @dataclass(frozen=True)
@@ -170,6 +172,28 @@ def designs(pool: str) -> dict[str, Design]:
             slots,
             pool,
             (("semaphore_enabled", False),),
+        ),
+        "free": Design(
+            "free",
+            f"(b) with limit {FREE_LIMIT} (never binds: the path, nothing to wait for), "
+            f"{NODES} nodes -c {slots}",
+            e2e_app.LIMITED,
+            "limited",
+            NODES,
+            slots,
+            pool,
+            limit=FREE_LIMIT,
+        ),
+        "floor": Design(
+            "floor",
+            f"(floor) plain tasks + a core Semaphore acquire/release in the body (limit "
+            f"{FREE_LIMIT}, no Celery layer), {NODES} nodes -c {slots}",
+            e2e_app.BARE,
+            "bare",
+            NODES,
+            slots,
+            pool,
+            limit=FREE_LIMIT,
         ),
         "hand": Design(
             "hand",
@@ -407,7 +431,7 @@ def run_cell(
     index: int,
     logroot: Path,
     conf: dict[str, Any],
-    limit: int = LIMIT,
+    limit: int | None = None,
 ) -> Run:
     prefix = f"{base}:r{index:03d}"
     cfg = e2e_app.AppConfig(
@@ -415,7 +439,7 @@ def run_cell(
         broker_url=broker,
         prefix=prefix,
         queue=f"{prefix}:q",
-        limit=limit,
+        limit=cell.design.limit if limit is None else limit,
         conf={**conf, **dict(cell.design.conf)},
     )
     design = cell.design
@@ -435,7 +459,7 @@ def run_cell(
             # had none made their semaphore, scripts and connection in the measured run
             # (prefork: about 0.3 ms of CPU per task of 400 in the children).  Hand-rolled:
             # LIMIT (more would wait out retry countdowns)
-            n = warm.n if design.task == e2e_app.LIMITED else limit
+            n = warm.n if design.task in (e2e_app.LIMITED, e2e_app.BARE) else cfg.limit
             _send(client, design.task, Load(n, 0.001))
             wanted[design.kind] = n
         if not _wait_ledgers(r, cfg, wanted, 60.0):
@@ -709,6 +733,8 @@ def plan(settings: Settings, pools: list[str]) -> list[Cell]:
             cells += [Cell(ds[key], load) for key in ("a", "split", "b", "hand")]
         cells.append(Cell(ds["b0"], settings.loads[0]))  # the same without standby
         cells.append(Cell(ds["off"], settings.loads[0]))  # CPU of plain bodies, same nodes
+        cells.append(Cell(ds["free"], settings.loads[0]))  # the limited path, no waiting
+        cells.append(Cell(ds["floor"], settings.loads[0]))  # two round trips, no Celery layer
     ds = designs(pools[0])
     cells += [
         Cell(ds["b"], settings.flood, settings.unlimited),
@@ -907,6 +933,14 @@ def report(
         row = _row(ds["off"].label, pool, settings.loads[0].label(), off, math.nan, math.nan)
         row[5] = "-"  # over the limit by design: its makespan is not comparable
         rows.append(row)
+        free = summaries[Cell(ds["free"], settings.loads[0]).name]
+        row = _row(ds["free"].label, pool, settings.loads[0].label(), free, math.nan, math.nan)
+        row[5] = "-"  # the same: only its makespan and CPU are compared, in the targets
+        rows.append(row)
+        floor = summaries[Cell(ds["floor"], settings.loads[0]).name]
+        row = _row(ds["floor"].label, pool, settings.loads[0].label(), floor, math.nan, math.nan)
+        row[5] = "-"
+        rows.append(row)
     ds = designs(pools[0])
     alone = summaries[Cell(ds["b"], None, settings.unlimited).name].unlimited
     tasks = f"{settings.flood.label()} + {settings.unlimited.n} unl."
@@ -927,7 +961,12 @@ def report(
         "  (median); CPU ms/task: the same divided by the tasks sent in it (median of the runs).",
         "  semaphore_enabled=False: the (b) task and nodes with the semaphore off (bodies run "
         f"at once, up to {NODES} x the slots): plain bodies'",
-        "  CPU on the same nodes; its makespan is not comparable.",
+        "  CPU on the same nodes; its makespan is not comparable.  limit "
+        f"{FREE_LIMIT}: the (b) path with a limit that never binds (no waiting, no",
+        "  handoff): what the limited path alone costs in CPU and makespan on these nodes.  "
+        "(floor): the same nodes, plain tasks whose body",
+        "  acquires and releases a core Semaphore that never refuses: the two round trips any "
+        "Redis-backed limit makes per task, nothing else.",
         f"host CPU: the share of the machine's CPU time ({os.cpu_count()} CPUs) in use, by "
         "any process (the sender, Redis and the workers share it),",
         "  from the first send until every body was recorded (median); near 100% the run is "
@@ -982,7 +1021,24 @@ def report(
             f"p50 {_num(p50)} ms, p99 {_num(p99)} ms"
         )
         short = settings.loads[0]
+        split_span = summaries[Cell(ds["split"], short).name].makespan
+        spans = ", ".join(
+            f"{key} {_num(summaries[Cell(ds[key], short).name].makespan, 3)} s"
+            for key in ("off", "floor", "free", "b")
+        )
+        print(
+            f"  info  {pool} {short.label()}: 0.95 x (split) means a makespan <= "
+            f"{_num(split_span / 0.95, 3)} s; the same run's makespans: {spans} (a row above "
+            "the bound misses it whatever happens after it)"
+        )
         b_cpu = summaries[Cell(ds["b"], short).name].cpu_task
+        floor_cpu = summaries[Cell(ds["floor"], short).name].cpu_task
+        off_cpu = summaries[Cell(ds["off"], short).name].cpu_task
+        print(
+            f"  info  {pool} {short.label()}: worker CPU per task of the two round trips alone "
+            f"(floor - off): {_num(floor_cpu)} - {_num(off_cpu)} = {_num(floor_cpu - off_cpu)} "
+            "ms, of the 0.5 ms the target allows the whole limited path"
+        )
         for key in ("off", "split"):
             base = summaries[Cell(ds[key], short).name].cpu_task
             extra = b_cpu - base

@@ -20,6 +20,9 @@ Tasks (explicit names, so the module may be imported under any name):
 
 * ``e2e.plain(d)``: no semaphore (the dedicated-queue baseline, and the "unlimited" tasks);
 * ``e2e.limited(d)``: ``@limited("bench", limit=LIMIT)``, library defaults;
+* ``e2e.bare(d)``: no Celery layer: the body acquires (without blocking) and releases a core
+  :class:`~celery_semaphore.Semaphore` of limit LIMIT around itself, the two round trips any
+  Redis-backed limit makes per task (a run gives it a limit that never binds);
 * ``e2e.handrolled(d)``: the hand-rolled baseline: a Redis ZSET semaphore (one Lua script
   takes a slot if fewer than LIMIT are taken), else ``self.retry(countdown=1,
   max_retries=None)``.
@@ -48,10 +51,11 @@ from typing import Any
 import redis
 from celery import Celery, signals
 
-from celery_semaphore import limited
+from celery_semaphore import Semaphore, limited
 from celery_semaphore.integration.delivery import Directive, WaitState
 
 __all__ = [
+    "BARE",
     "HANDROLLED",
     "LIMITED",
     "PLAIN",
@@ -62,8 +66,9 @@ __all__ = [
 PLAIN = "e2e.plain"
 LIMITED = "e2e.limited"
 HANDROLLED = "e2e.handrolled"
+BARE = "e2e.bare"
 #: the ledger kind each task records under
-KINDS = {PLAIN: "plain", LIMITED: "limited", HANDROLLED: "handrolled"}
+KINDS = {PLAIN: "plain", LIMITED: "limited", HANDROLLED: "handrolled", BARE: "bare"}
 SEMAPHORE_NAME = "bench"
 #: the hand-rolled baseline's retry countdown, as in the issue
 HAND_COUNTDOWN = 1.0
@@ -276,6 +281,27 @@ def limited_task(self: Any, d: float) -> None:
     directive = Directive.from_request(self.request)
     stood_by = directive is not None and directive.do == "standby"
     body(KINDS[LIMITED], d, "p" if parked else "s" if stood_by else "d", str(self.request.id))
+
+
+_semaphores: dict[int, Semaphore] = {}
+
+
+@app.task(name=BARE)  # type: ignore[untyped-decorator]
+def bare(d: float) -> None:
+    pid = os.getpid()
+    sem = _semaphores.get(pid)
+    if sem is None:
+        sem = _semaphores[pid] = Semaphore(
+            "bench-bare", CFG.limit, redis=client(), key_prefix=CFG.key("sem")
+        )
+    task_id = str(bare.request.id)
+    permit = sem.acquire(blocking=False)
+    if permit is None:  # the run's limit is above the tasks in flight: a refusal is a bug
+        raise RuntimeError(f"e2e.bare: semaphore {sem.name!r} (limit {sem.limit}) refused")
+    try:
+        body(KINDS[BARE], d, task_id=task_id)
+    finally:
+        permit.release()
 
 
 # The hand-rolled baseline: what people write before reaching for a library.  A ZSET of slot

@@ -15,6 +15,10 @@ What is measured:
   ``PING-eq/pair`` = PING/s / pairs/s, the cost of one pair in PING round trips; ``vs PING/2``
   = pairs/s / (PING/s / 2), which is 1.0 for a design doing exactly one round trip per
   operation at the price of a PING.
+* Floors (uncontended, not semaphores): pairs of two EVALSHA calls on redis-py's own path, doing
+  less than ours: empty scripts, our prelude alone, and the Redis commands our uncontended
+  acquire and release make without their logic.  They split a pair's cost above two PINGs
+  into the script calls, the prelude, the commands and the rest.
 * Contended: PROCESSES processes share a semaphore of limit LIMIT for a fixed time; each loops
   acquire (blocking, bounded timeout) -> hold HOLD -> release.  Holders are counted by an
   independent counter in shared memory (not Redis): +1 right after acquire returns, -1 right
@@ -31,6 +35,7 @@ import argparse
 import contextlib
 import ctypes
 import itertools
+import json
 import math
 import multiprocessing
 import os
@@ -41,6 +46,7 @@ import traceback
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from importlib.resources import files
 from multiprocessing import queues, synchronize
 from queue import Empty
 from typing import Any, Protocol
@@ -252,6 +258,73 @@ def _retry(attempt: Callable[[], object | None], timeout: float, delay: float) -
     return None
 
 
+# -- floors: what one round trip per operation costs before any semaphore logic -----------------
+#
+# Not semaphores: uncontended pairs of two scripts that do less than ours, sent through redis-py's
+# own EVALSHA path (the one PING takes), to split a pair's cost into the script call itself, the
+# shared prelude, the Redis commands an uncontended acquire and release make, and the rest.
+
+# The commands of our uncontended acquire (ARGV[2] == 'a') and release, as MONITOR shows them, on
+# the same key layout and with fields of the same size; no decisions, no parsing.
+_DATA_ONLY = """
+local t = redis.call('TIME')
+local now = t[1] * 1000 + math.floor(t[2] / 1000)
+local h = 'h:' .. ARGV[1]
+redis.call('ZCOUNT', KEYS[1], '-inf', now)
+if ARGV[2] == 'a' then
+  redis.call('HMGET', KEYS[2], 'used', 'limit_override', 'pused', 'p:', 'rate', 'aimd', h,
+    'w:' .. ARGV[1], 'fence', 'p:')
+  redis.call('ZCARD', KEYS[3])
+  redis.call('ZADD', KEYS[1], 'NX', now + 30000, h)
+  redis.call('HSET', KEYS[2], 'used', 1, 'fence', 6, h, '1 6 ' .. now .. ' 0 0 0 ' .. ARGV[3])
+  return {1, 6, now + 30000, now, 4, 0}
+end
+redis.call('HMGET', KEYS[2], 'used', 'limit_override', 'pused', 'p:', 'rate', 'aimd', h,
+  'hold_avg', 'fence')
+redis.call('ZCARD', KEYS[3])
+redis.call('HSET', KEYS[2], 'used', 0, 'hold_avg', 1)
+redis.call('HDEL', KEYS[2], h)
+redis.call('ZADD', KEYS[1], now + 10000, h)
+return {1}
+"""
+
+
+def _lib_prelude() -> str:
+    # the prelude every one of our scripts starts with (celery_semaphore/core/scripts/_lib.lua)
+    return (files("celery_semaphore.core") / "scripts" / "_lib.lua").read_text("utf-8")
+
+
+FLOORS: dict[str, str] = {
+    "empty": "FLOOR two empty scripts (return 1)",
+    "prelude": "FLOOR two scripts: our prelude, then return 1",
+    "data": "FLOOR two scripts: our pair's Redis commands only",
+}
+
+
+def _floor_steps(client: redis.Redis, prefix: str) -> dict[str, Callable[[], None]]:
+    """One uncontended "pair" per floor: two EVALSHA calls, replies not looked at."""
+    keys = [f"{prefix}:{{floor}}:{part}" for part in ("expiry", "state", "line", "starts")]
+    ticket = uuid.uuid4().hex
+    owner = json.dumps({"host": os.uname().nodename, "pid": os.getpid()})
+    empty = client.script_load("return 1")
+    prelude = client.script_load(_lib_prelude() + "\nreturn 1")
+    data = client.script_load(_DATA_ONLY)
+
+    def two_empty() -> None:
+        client.evalsha(empty, 0)
+        client.evalsha(empty, 0)
+
+    def two_prelude() -> None:
+        client.evalsha(prelude, 4, *keys, "0")
+        client.evalsha(prelude, 4, *keys, "0")
+
+    def two_data() -> None:
+        client.evalsha(data, 4, *keys, ticket, "a", owner)
+        client.evalsha(data, 4, *keys, ticket, "r", owner)
+
+    return {"empty": two_empty, "prelude": two_prelude, "data": two_data}
+
+
 Factory = Callable[[redis.Redis, str, str, int], Design]
 
 DESIGNS: dict[str, tuple[str, Factory]] = {
@@ -323,6 +396,7 @@ def measure_uncontended(
         steps: dict[str, Callable[[], None]] = {"ping": ping}
         for key, design in designs.items():
             steps[key] = _pair(design)
+        steps.update(_floor_steps(client, prefix))
         for step in steps.values():  # warm up: connection, script loading
             _rate(step, 0.05)
         samples: dict[str, list[float]] = {key: [] for key in steps}
@@ -331,6 +405,34 @@ def measure_uncontended(
                 samples[key].append(_rate(step, settings.seconds))
         medians = {key: statistics.median(values) for key, values in samples.items()}
         return medians.pop("ping"), medians
+    finally:
+        client.close()
+
+
+def server_time(url: str, prefix: str, pairs: int = 500) -> dict[str, float]:
+    """Redis server time per uncontended pair, in microseconds: the EVALSHA (PING for "ping")
+    time ``INFO commandstats`` adds while ``pairs`` pairs run (scripts count their commands in
+    it).  Read as deltas, so it assumes nobody else runs scripts on that server meanwhile."""
+    client = redis.Redis.from_url(url)
+    try:
+
+        def two_pings() -> None:
+            client.ping()
+            client.ping()
+
+        steps: dict[str, Callable[[], None]] = {"ping": two_pings}
+        steps.update(_floor_steps(client, prefix))
+        steps["ours"] = _pair(Ours(client, prefix, "server-time", LIMIT))
+        out: dict[str, float] = {}
+        for key, step in steps.items():
+            command = "cmdstat_ping" if key == "ping" else "cmdstat_evalsha"
+            step()  # load scripts
+            before = client.info("commandstats").get(command, {}).get("usec", 0)
+            for _ in range(pairs):
+                step()
+            after = client.info("commandstats").get(command, {}).get("usec", 0)
+            out[key] = (after - before) / pairs
+        return out
     finally:
         client.close()
 
@@ -616,6 +718,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             ping_s, pairs = measure_uncontended(url, prefix, settings)
             trips = count_round_trips(url, prefix)
+            server_us = server_time(url, prefix)
             contended = {key: run_contended(key, url, prefix, settings) for key in DESIGNS}
         finally:
             deleted, left = cleanup(url, prefix)
@@ -623,7 +726,7 @@ def main(argv: list[str] | None = None) -> int:
 
     groups = [
         ("", 1),
-        (" uncontended, one connection ", 4),
+        (" uncontended, one connection ", 5),
         (f" contended: {PROCESSES} processes, limit {LIMIT}, {HOLD * 1000:g} ms holds ", 7),
     ]
     header = [
@@ -632,6 +735,7 @@ def main(argv: list[str] | None = None) -> int:
         "trips",
         "PING-eq",
         "vs PING/2",
+        "server us",
         "grants/s",
         "max held",
         "over-limit",
@@ -640,7 +744,23 @@ def main(argv: list[str] | None = None) -> int:
         "p99 ms",
         "timeouts",
     ]
-    rows = [["redis PING on the same connection (round trips/s)", _num(ping_s)] + [""] * 10]
+    rows = [
+        ["redis PING on the same connection (round trips/s)", _num(ping_s), "", "", "", ""]
+        + [""] * 7
+    ]
+    rows[0][5] = _num(server_us["ping"], 1)  # two PINGs
+    for key, label in FLOORS.items():
+        rows.append(
+            [
+                label,
+                _num(pairs[key]),
+                "2.0",
+                _num(ping_s / pairs[key], 2),
+                _num(pairs[key] / (ping_s / 2), 2),
+                _num(server_us[key], 1),
+            ]
+            + [""] * 7
+        )
     for key, (label, _) in DESIGNS.items():
         c = contended[key]
         rows.append(
@@ -650,6 +770,7 @@ def main(argv: list[str] | None = None) -> int:
                 _num(trips[key], 1),
                 _num(ping_s / pairs[key], 2),
                 _num(pairs[key] / (ping_s / 2), 2),
+                _num(server_us[key], 1) if key in server_us else "",
                 _num(c.grants_per_s),
                 str(c.max_holders),
                 str(c.over_limit),
@@ -677,11 +798,17 @@ def main(argv: list[str] | None = None) -> int:
         "pairs/s: acquire(blocking=False) + release pairs/s; trips: round trips per pair, "
         "counted on the socket;",
         "PING-eq = PING/s / pairs/s (a pair's cost in PINGs); vs PING/2 = pairs/s / (PING/s / 2).",
+        "server us: Redis server time per pair (INFO commandstats, EVALSHA; two PINGs on the "
+        "PING row), counted over 500 pairs.",
         "max held, over-limit: a shared-memory counter, not Redis (+1 after acquire returns, "
         "-1 before release).",
         "p50/p99: wait in acquire, over every acquire started in the window (timed-out ones at "
         "the time they gave up);",
         "grants/s and Jain (over grants per process) count grants made within the window.",
+        "FLOOR rows are not semaphores: two EVALSHA calls per pair on redis-py's own path (as "
+        "PING), doing less than ours;",
+        "'our pair's Redis commands only' makes the commands an uncontended acquire and release "
+        "of ours make, without their logic or the prelude.",
     ):
         print(note)
     for key, (label, _) in DESIGNS.items():
@@ -712,6 +839,20 @@ def main(argv: list[str] | None = None) -> int:
         f"  {_verdict(ours.p99_ms < best.p99_ms)}  ours p99 wait < best seed p99 "
         f"({DESIGNS[best_key][0]}: {_num(best.p99_ms, 2)} ms): "
         f"{_num(ours.p99_ms, 2)} ms"
+    )
+    data_ratio = pairs["data"] / (ping_s / 2)
+    print(
+        f"  {_verdict(ratio >= 0.8)}  uncontended pairs/s / (PING/s / 2) >= 0.80 (issue 18): "
+        f"{ratio:.2f}; the floor of our pair's Redis commands alone: {data_ratio:.2f}"
+    )
+    budget = (2 / (0.8 * ping_s) - 2 / ping_s) * 1e6
+    print(
+        f"  info  0.80 leaves a pair {budget:.0f} us of wall time above two PINGs "
+        f"(ours: {(1 / pairs['ours'] - 2 / ping_s) * 1e6:.0f} us).  Redis server time per "
+        f"pair, above two PINGs: ours {server_us['ours'] - server_us['ping']:.0f} us; "
+        f"two empty scripts {server_us['empty'] - server_us['ping']:.0f} us, with our "
+        f"prelude {server_us['prelude'] - server_us['ping']:.0f} us, our pair's commands "
+        f"alone {server_us['data'] - server_us['ping']:.0f} us"
     )
     if within:
         best_safe = min(within, key=lambda k: within[k].p99_ms)
