@@ -17,8 +17,9 @@ What is measured:
   operation at the price of a PING.
 * Floors (uncontended, not semaphores): pairs of two EVALSHA calls on redis-py's own path, doing
   less than ours: empty scripts, our prelude alone, and the Redis commands our uncontended
-  acquire and release make without their logic.  They split a pair's cost above two PINGs
-  into the script calls, the prelude, the commands and the rest.
+  acquire and release make without their logic.  With the Redis server time per pair of each
+  (``INFO commandstats``) they split what a pair costs Redis: the script calls, the prelude,
+  the commands, and our logic.
 * Contended: PROCESSES processes share a semaphore of limit LIMIT for a fixed time; each loops
   acquire (blocking, bounded timeout) -> hold HOLD -> release.  Holders are counted by an
   independent counter in shared memory (not Redis): +1 right after acquire returns, -1 right
@@ -409,10 +410,12 @@ def measure_uncontended(
         client.close()
 
 
-def server_time(url: str, prefix: str, pairs: int = 500) -> dict[str, float]:
+def server_time(url: str, prefix: str, pairs: int = 400, rounds: int = 5) -> dict[str, float]:
     """Redis server time per uncontended pair, in microseconds: the EVALSHA (PING for "ping")
-    time ``INFO commandstats`` adds while ``pairs`` pairs run (scripts count their commands in
-    it).  Read as deltas, so it assumes nobody else runs scripts on that server meanwhile."""
+    time ``INFO commandstats`` adds while ``pairs`` pairs run; the median of ``rounds`` rounds,
+    interleaved (one round alone swings by a third on a busy machine).  Scripts count their
+    commands in it.  Read as deltas, so it assumes nobody else runs scripts on that server
+    meanwhile."""
     client = redis.Redis.from_url(url)
     try:
 
@@ -423,16 +426,18 @@ def server_time(url: str, prefix: str, pairs: int = 500) -> dict[str, float]:
         steps: dict[str, Callable[[], None]] = {"ping": two_pings}
         steps.update(_floor_steps(client, prefix))
         steps["ours"] = _pair(Ours(client, prefix, "server-time", LIMIT))
-        out: dict[str, float] = {}
-        for key, step in steps.items():
-            command = "cmdstat_ping" if key == "ping" else "cmdstat_evalsha"
+        samples: dict[str, list[float]] = {key: [] for key in steps}
+        for step in steps.values():
             step()  # load scripts
-            before = client.info("commandstats").get(command, {}).get("usec", 0)
-            for _ in range(pairs):
-                step()
-            after = client.info("commandstats").get(command, {}).get("usec", 0)
-            out[key] = (after - before) / pairs
-        return out
+        for _ in range(rounds):
+            for key, step in steps.items():
+                command = "cmdstat_ping" if key == "ping" else "cmdstat_evalsha"
+                before = client.info("commandstats").get(command, {}).get("usec", 0)
+                for _ in range(pairs):
+                    step()
+                after = client.info("commandstats").get(command, {}).get("usec", 0)
+                samples[key].append((after - before) / pairs)
+        return {key: statistics.median(values) for key, values in samples.items()}
     finally:
         client.close()
 
@@ -452,9 +457,13 @@ def count_round_trips(url: str, prefix: str, pairs: int = 200) -> dict[str, floa
     pool.connection_class = type("Counting", (base,), {"send_packed_command": send_packed_command})
     try:
         client.ping()  # connect (the handshake is not counted below)
+        steps = {
+            key: _pair(make(client, prefix, f"count-{key}", LIMIT))
+            for key, (_, make) in DESIGNS.items()
+        }
+        steps.update(_floor_steps(client, prefix))
         out: dict[str, float] = {}
-        for key, (_, make) in DESIGNS.items():
-            step = _pair(make(client, prefix, f"count-{key}", LIMIT))
+        for key, step in steps.items():
             step()  # load scripts
             sends[0] = 0
             for _ in range(pairs):
@@ -745,16 +754,16 @@ def main(argv: list[str] | None = None) -> int:
         "timeouts",
     ]
     rows = [
-        ["redis PING on the same connection (round trips/s)", _num(ping_s), "", "", "", ""]
+        ["redis PING on the same connection (round trips/s)", _num(ping_s), "", "", ""]
+        + [_num(server_us["ping"], 1)]  # two PINGs' server time
         + [""] * 7
     ]
-    rows[0][5] = _num(server_us["ping"], 1)  # two PINGs
     for key, label in FLOORS.items():
         rows.append(
             [
                 label,
                 _num(pairs[key]),
-                "2.0",
+                _num(trips[key], 1),
                 _num(ping_s / pairs[key], 2),
                 _num(pairs[key] / (ping_s / 2), 2),
                 _num(server_us[key], 1),
@@ -799,7 +808,7 @@ def main(argv: list[str] | None = None) -> int:
         "counted on the socket;",
         "PING-eq = PING/s / pairs/s (a pair's cost in PINGs); vs PING/2 = pairs/s / (PING/s / 2).",
         "server us: Redis server time per pair (INFO commandstats, EVALSHA; two PINGs on the "
-        "PING row), counted over 500 pairs.",
+        "PING row), median of 5 rounds of 400 pairs.",
         "max held, over-limit: a shared-memory counter, not Redis (+1 after acquire returns, "
         "-1 before release).",
         "p50/p99: wait in acquire, over every acquire started in the window (timed-out ones at "
