@@ -55,6 +55,7 @@ from ..core.exceptions import LeaseLost, SemaphoreBackendError, SemaphoreError, 
 from ..core.semaphore import Attempt, AttemptStatus, Permit, Semaphore
 from . import config, events, queues, targets, wakes
 from .delivery import (
+    CLAIM_CHAIN,
     GATE_HEADER,
     HEADER,
     QUEUE_KEY,
@@ -498,17 +499,21 @@ def _stand_by(
 
 def _ask(sem: Lock, ticket: str, state: WaitState, **kwargs: Any) -> Attempt:
     """``try_acquire`` for a copy of an execution; when the ticket is held under the claim of
-    the delivery that parked this copy (see :attr:`WaitState.claim_before`), that grant was
-    handed off to a place nobody holds any more: give it back and ask again."""
+    a delivery that parked a copy of it (see :attr:`WaitState.claim_before` and
+    ``claims_earlier``), that grant was made to a place or a call nobody holds any more: give
+    it back and ask again."""
     attempt = sem.try_acquire(ticket, **kwargs)
-    if attempt.status is not AttemptStatus.HELD_ELSEWHERE or state.claim_before is None:
+    parked = state.parked_claims()
+    if attempt.status is not AttemptStatus.HELD_ELSEWHERE or not parked:
         return attempt
-    if sem.release_token(ticket, claim=state.claim_before, tombstone_ttl=0, timed=False):
-        log_acquire.info(
-            "gave back a grant made to this task's place after its previous copy parked",
-            semaphore=sem.name,
-            task_id=task_id_of(ticket),
-        )
+    for claim in parked:  # at most one holds it; the newest is the likeliest
+        if sem.release_token(ticket, claim=claim, tombstone_ttl=0, timed=False):
+            log_acquire.info(
+                "gave back a grant made to this task's place after its previous copy parked",
+                semaphore=sem.name,
+                task_id=task_id_of(ticket),
+            )
+            break
     # Ask again whatever the release answered: a reply lost on the wire makes redis-py send
     # the call again, and the second finds nothing to release (False) although the first
     # did.  Held under another live copy's claim, the ticket stays HELD_ELSEWHERE.
@@ -627,7 +632,12 @@ def _park(
     # the copy knows this delivery's claim: a handoff made to the place under it after this
     # copy left (its place could not be told while Redis failed) is the copy's to take back
     later = replace(
-        state, epoch=epoch, waits=state.waits + 1, first_wait=first, claim_before=common["claim"]
+        state,
+        epoch=epoch,
+        waits=state.waits + 1,
+        first_wait=first,
+        claim_before=common["claim"],
+        claims_earlier=state.parked_claims()[: CLAIM_CHAIN - 1],
     )
     headers = {
         k: v for k, v in dict(request.headers or {}).items() if k not in (HEADER, GATE_HEADER)

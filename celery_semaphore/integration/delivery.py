@@ -56,6 +56,11 @@ __all__ = [
 #: the message header of a parked copy: how its execution has waited so far (see WaitState)
 
 HEADER = "semaphore_wait"
+#: the most claims of ended deliveries a copy carries (WaitState.claim_before and
+#: .claims_earlier).  Only a Redis outage that fails this many deliveries in a row, each before
+#: it gave back the grant of the one before, loses track of a grant: the copy then takes it for
+#: a live copy's and drops
+CLAIM_CHAIN = 8
 
 #: the request key in which the worker's consumer tells the body which queue the message came
 #: from (it knows the AMQP consumer tag; a pool process does not); never a message header
@@ -105,6 +110,16 @@ class WaitState:
     #: place under that claim after it parked (while Redis failed, the place could not be
     #: told) belongs to nobody, and this copy takes it back (see body._ask)
     claim_before: str | None = None
+    #: the claims of the deliveries that parked the copies before, newest first (at most
+    #: CLAIM_CHAIN - 1): a delivery that Redis failed before it could give back its
+    #: predecessor's grant (a reply lost on the wire) parks with its own claim, and the grant
+    #: is still under the older one; every delivery of them has ended, so none runs under it
+    claims_earlier: tuple[str, ...] = ()
+
+    def parked_claims(self) -> tuple[str, ...]:
+        """The claims a grant to this execution may still be held under by a delivery that
+        has ended (parked), newest first."""
+        return (self.claim_before, *self.claims_earlier) if self.claim_before else ()
 
     def on_arrival(self, redelivered: bool, partition: str | None) -> WaitState:
         """This state, as a delivery arriving now sees it: the wait (for ``max_wait``) starts
@@ -135,6 +150,7 @@ class WaitState:
         first = raw.get("t0")
         partition = raw.get("p")
         before = raw.get("pc")
+        earlier = raw.get("pe")
         return cls(
             epoch=int(raw.get("e", 0)),
             waits=int(raw.get("n", 0)),
@@ -142,6 +158,9 @@ class WaitState:
             takeover=bool(raw.get("o")),
             partition=partition if isinstance(partition, str) else None,
             claim_before=before if isinstance(before, str) and before else None,
+            claims_earlier=tuple(c for c in earlier[: CLAIM_CHAIN - 1] if isinstance(c, str) and c)
+            if isinstance(earlier, list)
+            else (),
         )
 
     def header(self, retries: int) -> dict[str, Any]:
@@ -156,6 +175,8 @@ class WaitState:
             out["p"] = self.partition
         if self.claim_before is not None:
             out["pc"] = self.claim_before
+        if self.claims_earlier:
+            out["pe"] = list(self.claims_earlier)
         return out
 
 

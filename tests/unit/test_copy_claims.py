@@ -12,7 +12,7 @@ from celery import Celery
 
 from celery_semaphore.core.semaphore import AttemptStatus, Semaphore
 from celery_semaphore.integration.body import _ask
-from celery_semaphore.integration.delivery import WaitState
+from celery_semaphore.integration.delivery import CLAIM_CHAIN, WaitState
 from celery_semaphore.integration.locks import semaphore_for
 from celery_semaphore.ops.testing import RedisServer
 
@@ -73,3 +73,36 @@ def test_a_copy_leaves_alone_a_grant_held_under_another_live_claim(
     assert attempt.status is AttemptStatus.HELD_ELSEWHERE
     assert held.permit.refresh()  # still the live copy's
     assert held.permit.release()
+
+
+def test_a_copy_takes_back_a_grant_of_an_earlier_delivery_that_a_failed_one_could_not(
+    sem: Semaphore,
+) -> None:
+    """Delivery 2's grant was made but its reply lost (it parked); delivery 3 failed in Redis
+    before it gave that grant back, and parked under its own claim.  Delivery 4 still finds
+    the grant under delivery 2's claim, through the chain its wait state carries (the chaos
+    test test_connections_dropped_mid_script lost a task this way: the copy took the grant
+    for a live copy's and dropped)."""
+    second, third, fourth = uuid.uuid4().hex, uuid.uuid4().hex, uuid.uuid4().hex
+    assert sem.try_acquire("t:0", claim=second).permit is not None  # its reply was lost
+    parked_by_second = WaitState(epoch=2, claim_before=uuid.uuid4().hex)
+    parked_by_third = WaitState(
+        epoch=3, claim_before=third, claims_earlier=(second, *parked_by_second.parked_claims())
+    )
+    on_the_wire = WaitState.from_headers(parked_by_third.header(0), 0)
+    assert on_the_wire == parked_by_third
+
+    attempt = _ask(sem, "t:0", on_the_wire, claim=fourth, epoch=3)
+
+    assert attempt.status is AttemptStatus.GRANTED
+    assert attempt.permit is not None
+    assert attempt.permit.release()
+    assert not sem.holders()
+
+
+def test_the_claims_a_copy_carries_are_bounded() -> None:
+    claims = [uuid.uuid4().hex for _ in range(3 * CLAIM_CHAIN)]
+    state = WaitState(epoch=1, claim_before=claims[0], claims_earlier=tuple(claims[1:]))
+    read = WaitState.from_headers(state.header(0), 0)
+    assert read.parked_claims() == tuple(claims[:CLAIM_CHAIN])
+    assert WaitState.from_headers({**state.header(0), "pe": "not a list"}, 0).claims_earlier == ()
