@@ -758,28 +758,24 @@ def main(argv: list[str] | None = None) -> int:
         + [_num(server_us["ping"], 1)]  # two PINGs' server time
         + [""] * 7
     ]
+
+    def uncontended(key: str) -> list[str]:
+        return [
+            _num(pairs[key]),
+            _num(trips[key], 1),
+            _num(ping_s / pairs[key], 2),
+            _num(pairs[key] / (ping_s / 2), 2),
+            _num(server_us[key], 1) if key in server_us else "",
+        ]
+
     for key, label in FLOORS.items():
-        rows.append(
-            [
-                label,
-                _num(pairs[key]),
-                _num(trips[key], 1),
-                _num(ping_s / pairs[key], 2),
-                _num(pairs[key] / (ping_s / 2), 2),
-                _num(server_us[key], 1),
-            ]
-            + [""] * 7
-        )
+        rows.append([label, *uncontended(key)] + [""] * 7)
     for key, (label, _) in DESIGNS.items():
         c = contended[key]
         rows.append(
             [
                 label,
-                _num(pairs[key]),
-                _num(trips[key], 1),
-                _num(ping_s / pairs[key], 2),
-                _num(pairs[key] / (ping_s / 2), 2),
-                _num(server_us[key], 1) if key in server_us else "",
+                *uncontended(key),
                 _num(c.grants_per_s),
                 str(c.max_holders),
                 str(c.over_limit),
