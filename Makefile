@@ -6,7 +6,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo test lint typecheck unit docs clean
+.PHONY: demo test lint typecheck unit unit-parallel unit-serial docs clean
 
 # The virtualenv itself; what goes into it is up to the marker files below (an order-only
 # prerequisite: a newer .venv directory does not reinstall anything).
@@ -35,9 +35,31 @@ lint: $(VENV)/.installed
 typecheck: $(VENV)/.installed
 	$(BIN)/mypy
 
-# PYTEST_ARGS: e.g. a path, -k EXPR or -x (`make unit PYTEST_ARGS=tests/core`)
+# PYTEST_ARGS: e.g. a path, -k EXPR or -x (`make unit PYTEST_ARGS=tests/core`).
+# Two phases (tests/phases.py): unit-parallel runs the tests that may run beside others on JOBS
+# processes at once (pytest-xdist, a test file per process at a time, the longest first), then
+# unit-serial runs alone the `serial` ones (chaos, waits bounded within a second or two).
+# `unit` always runs both, and fails when either fails (a phase that selects nothing is no
+# failure, unless both select nothing: pytest's exit status 5).  JOBS=0: no extra processes.
+JOBS ?= 4
+# the slowest tests of each phase are listed at its end: where the time goes
+PYTEST := $(BIN)/python -m pytest --durations=10
+PARALLEL := -n $(JOBS) --dist loadfile --no-loadscope-reorder --phase parallel
+
 unit: $(VENV)/.installed
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	@p=0; s=0; \
+	echo "unit: the parallel phase ($(JOBS) processes)"; $(PYTEST) $(PARALLEL) $(PYTEST_ARGS) || p=$$?; \
+	echo "unit: the serial phase"; $(PYTEST) --phase serial $(PYTEST_ARGS) || s=$$?; \
+	echo "unit: parallel phase exit status $$p, serial phase $$s"; \
+	if [ $$p = 5 ] && [ $$s = 5 ]; then exit 5; fi; \
+	for rc in $$p $$s; do [ $$rc = 0 ] || [ $$rc = 5 ] || exit $$rc; done
+
+# each phase alone (.ci/run runs the routes' phases so); selecting nothing is no failure here
+unit-parallel: $(VENV)/.installed
+	$(PYTEST) $(PARALLEL) $(PYTEST_ARGS) || [ $$? = 5 ]
+
+unit-serial: $(VENV)/.installed
+	$(PYTEST) --phase serial $(PYTEST_ARGS) || [ $$? = 5 ]
 
 # The documentation site: HTML in docs/_build/html.  Warnings are errors (-W, all of them
 # reported: --keep-going), unresolved references too (-n); -E re-reads every page and docstring,

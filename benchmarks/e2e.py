@@ -877,7 +877,8 @@ def report(
     print(
         ("Semaphore settings: the library defaults: " if not conf else f"Settings: {conf}; ")
         + f"semaphore_worker_hold={conf.get('semaphore_worker_hold', 1000)} (the gate; 0: "
-        f"off), wait_timeout={opts.wait_timeout:g}s, standby={opts.standby} (None = the limit), "
+        f"off), slot_wait_timeout={opts.slot_wait_timeout:g}s, "
+        f"slot_waiters={opts.slot_waiters} (None = the limit), "
         f"retry_backoff={opts.retry_backoff:g}s, retry_backoff_max={opts.retry_backoff_max:g}s, "
         f"retry_jitter={opts.retry_jitter}, lease_ttl={opts.lease_ttl:g}s."
     )

@@ -52,7 +52,8 @@ import redis
 from celery import Celery, signals
 
 from celery_semaphore import Semaphore, limited
-from celery_semaphore.integration.delivery import Directive, WaitState
+from celery_semaphore.integration.delivery import Directive
+from celery_semaphore.integration.wait_state import WaitState
 
 __all__ = [
     "BARE",

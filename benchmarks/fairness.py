@@ -6,7 +6,10 @@ Two real ``celery worker`` nodes (threads pool, 6 slots each; the integration te
 app, ``tests/integration``) consume queues A and B; one semaphore, limit 4.  Queue A gets a flood
 of short tasks (20 ms), then queue B a steady trickle (100 ms tasks at ``--b-rate`` per second,
 below B's fair share of 2 units).  The same load runs twice: on a task partitioned by delivery
-queue (fairness on, the default) and on one with ``partition=None`` (one FIFO line, off).
+queue (fairness on, the default) and on one with ``partition=None`` (one FIFO line, off),
+then partitioned by queue again with every task given a priority 0-9 (``priority=`` from its
+arguments, spread evenly over both queues): priorities order each queue's own line and must
+leave the shares between queues as they were.
 
 One table: B's wait (send to body start) p50 and p95, A's p50, and while B sends (A's flood
 waiting all along): each partition's units in use (from the bodies' own start and end times)
@@ -29,7 +32,7 @@ sys.path.insert(0, str(ROOT))
 
 from celery_semaphore.ops.testing import redis_server  # noqa: E402
 from tests.conftest import delete_prefix  # noqa: E402
-from tests.integration import proj  # noqa: E402
+from tests.integration import proj, proj_prio  # noqa: E402
 from tests.integration.fairness_stats import (  # noqa: E402
     Sample,
     collect,
@@ -43,7 +46,14 @@ from tests.integration.workers import Env, start_workers, stop_workers, wait_unt
 LIMIT = 4
 
 
-def run_load(env: Env, task: Any, qa: str, qb: str, args: argparse.Namespace) -> list[Sample]:
+def _args(tag: str, seconds: float, prio: bool) -> tuple[Any, ...]:
+    """A task's arguments; with ``prio``, its priority too (0-9, spread over the tags)."""
+    return (tag, seconds, int(tag[1:]) * 7 % 10) if prio else (tag, seconds)
+
+
+def run_load(
+    env: Env, task: Any, qa: str, qb: str, args: argparse.Namespace, prio: bool = False
+) -> list[Sample]:
     reset_bookkeeping(env)
     env.redis().delete(f"{env.prefix}:grants")
     app = env.client_app()
@@ -52,13 +62,13 @@ def run_load(env: Env, task: Any, qa: str, qb: str, args: argparse.Namespace) ->
         for i in range(args.flood):
             tag = f"A{i:05d}"
             sent[tag] = (qa, time.time())
-            app.send_task(task.name, (tag, 0.02), queue=qa)
+            app.send_task(task.name, _args(tag, 0.02, prio), queue=qa)
         began = time.monotonic()
         for i in range(int(args.b_rate * args.b_seconds)):
             time.sleep(max(0.0, began + i / args.b_rate - time.monotonic()))
             tag = f"B{i:05d}"
             sent[tag] = (qb, time.time())
-            app.send_task(task.name, (tag, 0.1), queue=qb)
+            app.send_task(task.name, _args(tag, 0.1, prio), queue=qb)
     finally:
         app.close()
     wait_until(lambda: len(ledger(env, "finished")) >= 2 * len(sent), 600, 0.2, what="finished")
@@ -95,7 +105,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--redis-url", help="Redis to use (default: reuse or start one)")
     args = parser.parse_args(argv)
     with redis_server(args.redis_url) as server:
-        env = Env(redis_url=server.url(0), broker_url=server.url(0), limit=LIMIT)
+        env = Env(
+            redis_url=server.url(0),
+            broker_url=server.url(0),
+            limit=LIMIT,
+            extra={"include": ["tests.integration.proj_prio"]},
+        )
         qa, qb = f"{env.prefix}-a", f"{env.prefix}-b"
         spec = {"pool": "threads", "concurrency": 6, "queues": [qa, qb]}
         nodes = start_workers(env, spec, spec)
@@ -104,6 +119,8 @@ def main(argv: list[str] | None = None) -> int:
             on_peak = max_inside(env, "fair")
             off = run_load(env, proj.fifo_work, qa, qb, args)
             off_peak = max_inside(env, "fifo")
+            mixed = run_load(env, proj_prio.fair_prio_work, qa, qb, args, prio=True)
+            mixed_peak = max_inside(env, "fair-prio")
         finally:
             stop_workers(nodes)
             client = server.client(0)
@@ -121,6 +138,7 @@ def main(argv: list[str] | None = None) -> int:
     b_load = args.b_rate * 0.1
     print(row("by queue (on)", on, qa, qb, b_load, on_peak))
     print(row("partition=None (off)", off, qa, qb, b_load, off_peak))
+    print(row("by queue, priorities 0-9 mixed", mixed, qa, qb, b_load, mixed_peak))
     return 0
 
 

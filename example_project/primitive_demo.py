@@ -15,7 +15,7 @@ import time
 import uuid
 
 from celery_semaphore import Semaphore
-from celery_semaphore.ops.testing import redis_server
+from celery_semaphore.ops.testing import fallback_notice, redis_server
 
 LIMIT = 3
 WORKERS = 12
@@ -24,6 +24,9 @@ DURATION = 5.0
 
 def main() -> None:
     with redis_server(os.environ.get("REDIS_URL")) as server:
+        notice = fallback_notice(server, "to use a Redis of your own, set REDIS_URL")
+        if notice:
+            print(notice)
         prefix = f"demo-{uuid.uuid4().hex[:8]}"
         sem = Semaphore("payment-gateway", LIMIT, redis=server.url(), key_prefix=prefix)
         lock = threading.Lock()

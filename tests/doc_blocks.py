@@ -109,7 +109,7 @@ def run_page(sources: list[str], redis_url: str, key_prefix: str) -> list[dict[s
     """
     import celery
 
-    from celery_semaphore.core import semaphore
+    from celery_semaphore.core import base, semaphore
 
     # Semaphore(...) without key_prefix / redis: the test's prefix and Redis
     defaults = semaphore.Semaphore.__init__.__kwdefaults__
@@ -117,6 +117,7 @@ def run_page(sources: list[str], redis_url: str, key_prefix: str) -> list[dict[s
         raise RuntimeError("Semaphore.__init__ has no keyword defaults to isolate")
     defaults["key_prefix"] = key_prefix
     semaphore.DEFAULT_URL = redis_url
+    base.DEFAULT_URL = redis_url  # where Semaphore reads it (semaphore's is a re-export)
 
     # Celery(...) made by a block: the test's prefix, and a queue nobody else consumes
     original_init = celery.Celery.__init__

@@ -12,7 +12,7 @@ import pytest
 from celery import Celery
 from celery import _state as celery_state
 
-from celery_semaphore.integration import config
+from celery_semaphore.integration import config, renames
 
 from .doc_blocks import blocks
 
@@ -23,7 +23,9 @@ def test_every_setting_is_in_the_settings_reference() -> None:
     text = (ROOT / "docs" / "settings.md").read_text()
     # LimitedTask's class attributes share the prefix but are not app settings
     class_attrs = {"semaphore_name", "semaphore_limit", "semaphore_weight"}
+    # the former names of renamed settings are in its "Renamed settings" table
     documented = set(re.findall(r"`(semaphore_[a-z_]+)`", text)) - class_attrs
+    documented -= set(renames.RENAMED_SETTINGS)
     in_code = set(config.APP_SETTINGS) | {o.setting for o in config.OPTIONS.values()}
     assert in_code - documented == set(), "settings missing from docs/settings.md"
     assert documented - in_code == set(), "docs/settings.md names settings the code lacks"
@@ -45,7 +47,7 @@ def test_defaults_in_docs_match_the_code() -> None:
 
 def test_app_setting_defaults_in_docs_match_the_code() -> None:
     text = (ROOT / "docs" / "settings.md").read_text()
-    for setting, (default, _check, _doc) in config.APP_SETTINGS.items():
+    for setting, (default, _check) in config.APP_SETTINGS.items():
         if setting == "semaphore_redis_url":
             continue  # its default is a rule (result backend, else broker), given in words
         row = next(line for line in text.splitlines() if line.startswith(f"| `{setting}`"))
@@ -78,7 +80,7 @@ def test_settings_example_sets_every_setting_and_a_worker_accepts_it() -> None:
     # exactly what a worker checks at start
     checked = config.validate_app_settings(app.conf, getattr(app, "namespace", None))
     assert set(checked) == known
-    defaults = {key: default for key, (default, _, _) in config.APP_SETTINGS.items()}
+    defaults = {key: default for key, (default, _) in config.APP_SETTINGS.items()}
     defaults.update({o.setting: o.default for o in config.OPTIONS.values()})
     same = {key for key in known if checked[key] == defaults[key]}
     # an example that shows the default teaches nothing (the two booleans are True by default;
@@ -115,14 +117,17 @@ def test_options_reference_matches_the_code() -> None:
         if (m := re.match(r"\| `([a-z_]+)` \| `semaphore_", line))
     }
     assert set(rows) == set(config.OPTIONS) | set(config.SPEC_OPTIONS), "docs/options.md's table"
-    for opt in [*config.OPTIONS.values(), config.Option("weight", 1, lambda p, v: v, "")]:
+    for opt in [*config.OPTIONS.values(), config.Option("weight", 1, lambda p, v: v)]:
         row = rows[opt.name]
         assert f"| `{opt.setting}` |" in row, f"{opt.name}: LimitedTask attribute"
         shown = repr(opt.default) if not isinstance(opt.default, str) else f'"{opt.default}"'
         assert f"`{shown}`" in row, f"{opt.name}: default {shown} not in {row!r}"
     attrs = set(re.findall(r"`(semaphore_[a-z_]+)`", text)) - {"semaphore_name", "semaphore_limit"}
     assert attrs <= {f"semaphore_{name}" for name in [*config.OPTIONS, *config.SPEC_OPTIONS]} | {
-        "semaphore_limits"
+        "semaphore_limits",
+        "semaphore_worker_hold",
+        "semaphore_worker_standby",
+        *renames.RENAMED_SETTINGS,  # the former attribute names, in the renamed options table
     }
 
 

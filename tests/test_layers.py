@@ -1,14 +1,16 @@
 """The package's three layers, checked from the source: core (Redis and Lua, no Celery) ->
 integration (the Celery layer) -> ops (CLI, metrics, registry).  A module imports only from its
 own layer and the layers below it (``logs`` is below all three; the package's ``__init__``
-stands above them), the core never imports Celery or kombu, and no module-level imports form
-a cycle."""
+stands above them), the core never imports Celery or kombu, and no imports form a cycle: an
+import inside a function (made late, to keep a module light or to dodge a cycle) is an edge
+like any other, for the layers and for the cycles."""
 
 from __future__ import annotations
 
 import ast
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Literal
 
 import pytest
 
@@ -41,17 +43,35 @@ def _layer(module: str) -> str:
     return "top"
 
 
-def _imports(path: Path) -> Iterator[tuple[str, bool]]:
-    """(imported module, at module level?) for every import in ``path``."""
+#: where an import statement is: at module level (``top``, directly in the module's body),
+#: anywhere else that runs (``nested``: in a function, a class, a ``try``), or only for the
+#: type checker (``typing``: under ``if TYPE_CHECKING:``, never executed)
+Where = Literal["top", "nested", "typing"]
+
+
+def _imports(path: Path) -> Iterator[tuple[str, Where]]:
+    """(imported module, where) for every import in ``path``."""
     module = _module_name(path)
     package = module if path.name == "__init__.py" else module.rpartition(".")[0]
-    tree = ast.parse(path.read_text(), str(path))
+    return _imports_in(ast.parse(path.read_text(), str(path)), package)
+
+
+def _imports_in(tree: ast.Module, package: str) -> Iterator[tuple[str, Where]]:
     top_level = {id(node) for node in tree.body}
+    typing_only = {
+        id(inner)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.If) and _is_type_checking(node.test)
+        for stmt in node.body
+        for inner in ast.walk(stmt)
+    }
     for node in ast.walk(tree):
-        at_top = id(node) in top_level
+        where: Where = "top" if id(node) in top_level else "nested"
+        if id(node) in typing_only:
+            where = "typing"
         if isinstance(node, ast.Import):
             for alias in node.names:
-                yield alias.name, at_top
+                yield alias.name, where
         elif isinstance(node, ast.ImportFrom):
             if node.level:
                 base = package.split(".")
@@ -59,9 +79,15 @@ def _imports(path: Path) -> Iterator[tuple[str, bool]]:
                 source = ".".join([*base, node.module] if node.module else base)
             else:
                 source = node.module or ""
-            yield source, at_top
+            yield source, where
             for alias in node.names:  # `from . import config` imports a module too
-                yield f"{source}.{alias.name}", at_top
+                yield f"{source}.{alias.name}", where
+
+
+def _is_type_checking(test: ast.expr) -> bool:
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
 
 
 def _modules() -> dict[str, Path]:
@@ -134,19 +160,42 @@ def test_the_core_never_imports_celery_or_kombu() -> None:
     assert not found, found
 
 
-def test_module_level_imports_form_no_cycle() -> None:
-    modules = _modules()
+def _graph(modules: dict[str, Path]) -> dict[str, set[str]]:
+    """Which package modules each module imports when it runs: at module level or inside a
+    function alike.  Imports under ``if TYPE_CHECKING:`` are left out: they never run (they
+    exist so that annotations may name a module that imports this one)."""
     graph: dict[str, set[str]] = {m: set() for m in modules}
     for module, path in modules.items():
-        for name, at_top in _imports(path):
+        for name, where in _imports(path):
             target = _internal(name, modules)
-            if at_top and target is not None and target != module:
+            if where != "typing" and target is not None and target != module:
                 graph[module].add(target)
     # a package's __init__ importing its own submodules is not a cycle in Python's sense
     for module in modules:
         graph[module] = {t for t in graph[module] if not module.startswith(t + ".")}
-    cycle = _find_cycle(graph)
+    return graph
+
+
+def test_imports_form_no_cycle() -> None:
+    cycle = _find_cycle(_graph(_modules()))
     assert cycle is None, " -> ".join(cycle or [])
+
+
+def test_an_import_inside_a_function_is_an_edge() -> None:
+    """The check sees imports wherever they are, and tells the type checker's apart."""
+    tree = ast.parse(
+        "from typing import TYPE_CHECKING\n"
+        "from . import a\n"
+        "try:\n    from . import b\nexcept ImportError:\n    pass\n"
+        "if TYPE_CHECKING:\n    from .c import C\n"
+        "def f():\n    from .d import g\n    import celery_semaphore.e\n"
+    )
+    found = dict(_imports_in(tree, "celery_semaphore.ops"))
+    assert found["celery_semaphore.ops.a"] == "top"
+    assert found["celery_semaphore.ops.b"] == "nested"
+    assert found["celery_semaphore.ops.c"] == "typing"
+    assert found["celery_semaphore.ops.d"] == "nested"
+    assert found["celery_semaphore.e"] == "nested"
 
 
 def _find_cycle(graph: dict[str, set[str]]) -> list[str] | None:

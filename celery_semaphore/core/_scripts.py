@@ -53,6 +53,7 @@ OPERATIONS = (
     "group_acquire",
     "group_release",
     "group_refresh",
+    "live",
 )
 
 

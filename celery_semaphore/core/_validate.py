@@ -120,6 +120,39 @@ def text(param: str, value: object) -> str:
     return value
 
 
+def priority(param: str, value: object) -> int:
+    """A waiter's priority: an int from 0 to 9 (higher is served earlier)."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(
+            f"{param} must be an int from 0 to 9 (higher is served earlier), got "
+            f"{type(value).__name__} {value!r}"
+        )
+    if not 0 <= value <= 9:
+        raise ValueError(
+            f"{param}={value!r} is not accepted: use an int from 0 to 9 (higher is served "
+            "earlier; 0 is the default)"
+        )
+    return value
+
+
+def optional_non_negative_int(param: str, value: object) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(
+            f"{param} must be an int >= 0 or None, got {type(value).__name__} {value!r}"
+        )
+    if value < 0:
+        raise ValueError(f"{param}={value!r} is not accepted: use an int >= 0, or None")
+    return value
+
+
+def flag(param: str, value: object) -> bool:
+    if not isinstance(value, bool):
+        raise TypeError(f"{param} must be True or False, got {type(value).__name__} {value!r}")
+    return value
+
+
 def non_negative_int(param: str, value: object) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise TypeError(f"{param} must be an int >= 0, got {type(value).__name__} {value!r}")

@@ -14,6 +14,8 @@ __all__ = [
     "LeaseLost",
     "SemaphoreBackendError",
     "SemaphoreError",
+    "SemaphoreFull",
+    "SemaphoreRequestError",
     "SemaphoreStateError",
     "SemaphoreTimeout",
 ]
@@ -55,12 +57,37 @@ class SemaphoreTimeout(SemaphoreError, TimeoutError):
         self.waited = waited
 
 
+class SemaphoreFull(SemaphoreError):
+    """The semaphore's line was full (``max_waiting``), so the caller was not placed in it;
+    or, with ``dropped`` True, its place was taken by a newer waiter (``keep_newest``)."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        name: str | None = None,
+        limit: int | None = None,
+        token: str | None = None,
+        dropped: bool = False,
+    ) -> None:
+        super().__init__(message, name=name, limit=limit, token=token)
+        self.dropped = dropped
+
+
 class SemaphoreBackendError(SemaphoreError, ConnectionError):
     """Redis could not be reached or failed the command.
 
     The original redis-py exception is chained as ``__cause__``.  When this is raised during an
     acquire, no permit was granted to the caller (a grant whose reply was lost is found again by
     its token on the next attempt, or expires with its lease).
+    """
+
+
+class SemaphoreRequestError(SemaphoreError, ValueError):
+    """What one call of a limited task asks for could not be worked out: a per-call callable
+    (name, limit, weight, partition or rate) raised or returned something unusable, or the
+    message carried a malformed ``semaphore_wait`` header.  The task fails with this error
+    (its message is acknowledged, never redelivered in a loop) and the worker goes on.
     """
 
 

@@ -21,113 +21,22 @@ On Redis Cluster one script may only touch keys of one slot: the members must sh
 from __future__ import annotations
 
 import itertools
-import json
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from types import TracebackType
 from typing import Any
 
 import redis as redis_lib
 from redis.exceptions import RedisError, ResponseError
 
-from . import _validate, clock
+from . import _validate, clock, waiting, wire
 from ._scripts import ScriptSet
 from .exceptions import SemaphoreBackendError, SemaphoreError, SemaphoreTimeout
-from .semaphore import (
-    DEFAULT_TOMBSTONE_TTL,
-    Attempt,
-    AttemptStatus,
-    Permit,
-    Semaphore,
-    ThrottleResult,
-    _check_attempt,
-    _default_owner_text,
-    _done_mode,
-    log,
-)
+from .permit import DEFAULT_TOMBSTONE_TTL, Attempt, GroupPermit
+from .request import AcquireRequest, check_partition, done_mode
+from .semaphore import Semaphore
 
 __all__ = ["GroupPermit", "SemaphoreGroup"]
-
-_STATUSES = {status.value: status for status in AttemptStatus}
-
-
-class GroupPermit(Permit):
-    """A granted group: a permit in every member, under one token, released together.
-
-    It is a :class:`~celery_semaphore.Permit` (its ``semaphore``, ``weight`` and
-    ``fencing_token`` are the first member's); :attr:`permits` holds each member's own.
-    Refresh and release it as a whole (a member's permit released on its own would leave the
-    others held until their lease runs out).
-    """
-
-    def __init__(
-        self,
-        group: SemaphoreGroup,
-        token: str,
-        permits: Sequence[Permit],
-        lease_expires_at: float,
-        claim: str = "",
-    ) -> None:
-        first = permits[0]
-        super().__init__(
-            first.semaphore, token, first.weight, first.fencing_token, lease_expires_at, claim
-        )
-        self.group = group
-        #: each member's permit, in the group's order
-        self.permits: tuple[Permit, ...] = tuple(permits)
-
-    def refresh(self, lease_ttl: float | None = None) -> bool:
-        """Extend every member's lease; False (and ``lost``) when any is no longer held."""
-        if self._released:
-            return False
-        expiry = self.group.refresh_token(
-            self.token, lease_ttl=lease_ttl, holder_only=True, claim=self.claim
-        )
-        if expiry is None:
-            self.lost = True
-            return False
-        self.lease_expires_at = expiry
-        for permit in self.permits:
-            permit.lease_expires_at = expiry
-        return True
-
-    def release(self, *, tombstone_ttl: float | None = None) -> bool:
-        """Give back every member's units, in one script.  Idempotent; True when this call
-        released the group (in at least one member)."""
-        with self._lock:
-            if self._released:
-                return False
-            result = self.group.release_token(
-                self.token, tombstone_ttl=tombstone_ttl, claim=self.claim
-            )
-            self._released = True
-            return result
-
-    def throttled(self, retry_after: float | None = None) -> ThrottleResult:
-        """Not for a group: which member's downstream refused the call is not known here.
-        Call :meth:`~celery_semaphore.Permit.throttled` on that member's permit in
-        :attr:`permits` instead."""
-        raise TypeError(
-            f"throttled() is not accepted on a GroupPermit ({', '.join(self.group.names)}): "
-            "call it on the permit of the member whose downstream refused the call "
-            "(group_permit.permits[i].throttled(...))"
-        )
-
-    def __enter__(self) -> GroupPermit:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.release()
-
-    def __repr__(self) -> str:
-        names = ", ".join(self.group.names)
-        return f"<GroupPermit [{names}] token={self.token!r}>"
 
 
 class SemaphoreGroup:
@@ -254,16 +163,17 @@ class SemaphoreGroup:
             name=self.names[0],
         )
 
-    def _wake(self, triples: list[Any]) -> None:
+    def _wake(self, items: list[Any]) -> None:
         """Wake the waiters a group script named, each through its member semaphore."""
-        by_member: dict[int, list[Any]] = {}
-        for i in range(0, len(triples) - 2, 3):
-            by_member.setdefault(int(triples[i]) - 1, []).extend(triples[i + 1 : i + 3])
-        for index, pairs in by_member.items():
-            self._sems[index]._wake(pairs)
+        if items:
+            for index, pairs in wire.group_wake_pairs(items).items():
+                self._sems[index]._wake_pairs(pairs)
 
     def _limits(self) -> str:
-        return " ".join(str(sem.limit) for sem in self._sems)
+        return wire.limits_text([sem.limit for sem in self._sems])
+
+    def _lease_ttl(self) -> float:
+        return min(sem.lease_ttl for sem in self._sems)
 
     def _aging_ms(self) -> int:
         return min(sem._aging_ms for sem in self._sems)
@@ -294,62 +204,55 @@ class SemaphoreGroup:
         ``position`` is the furthest back the ticket stands in any member's line.  A GRANTED
         or ALREADY_HELD attempt's ``permit`` is a :class:`GroupPermit`.
         """
-        ticket = _validate.ticket("ticket", ticket)
-        place = _validate.non_negative_seconds("place_ttl", place_ttl)
-        lease = _validate.optional_positive_seconds("lease_ttl", lease_ttl)
-        grace = _validate.non_negative_seconds("wake_grace", wake_grace)
-        _check_attempt(claim, wake_data, epoch)
-        caps = self._caps(partition_caps)
-        spec: list[str] = []
-        for (sem, weight), cap in zip(self.members, caps, strict=True):
-            _, cap_value, part_weight = sem._partition_args(
-                weight, partition, cap, partition_weight
-            )
-            spec.append(f"{weight} {sem.limit} {cap_value}")
-        part = _validate.partition("partition", partition)
-        part_weight = _validate.positive_int(
-            "partition_weight", partition_weight, maximum=_validate.MAX_PARTITION_WEIGHT
+        request = AcquireRequest(
+            ticket,
+            1,
+            owner,
+            place_ttl,
+            claim,
+            wake_data,
+            wake_grace,
+            epoch,
+            check_done,
+            new_execution,
+            lease_ttl,
+            partition,
+            None,
+            partition_weight,
         )
-        owner_text = (
-            json.dumps(dict(owner), default=str) if owner is not None else _default_owner_text()
-        )
-        lease_ms = self._sems[0]._ms(lease or min(sem.lease_ttl for sem in self._sems))
-        numbers = (
-            f"{lease_ms} {int(place * 1000)} {int(grace * 1000)} {epoch} "
-            f"{_done_mode(check_done, new_execution)} {part_weight} {self._aging_ms()}"
-        )
-        reply = self._run(
-            "group_acquire",
-            [ticket, numbers, claim, owner_text, wake_data, part, " ".join(spec)],
-        )
-        status = _STATUSES[int(reply[0])]
-        m = int(reply[5])
-        values = [int(v) for v in reply[6 : 6 + m]]
-        if len(reply) > 6 + m:
-            self._wake(reply[6 + m :])
-        if status is AttemptStatus.GRANTED or status is AttemptStatus.ALREADY_HELD:
-            expiry = int(reply[2]) / 1000
-            permits = [
-                Permit(sem, ticket, weight, fence, expiry, claim)
-                for (sem, weight), fence in zip(self.members, values, strict=True)
-            ]
-            return Attempt(status, GroupPermit(self, ticket, permits, expiry, claim))
-        if status is AttemptStatus.WAITING:
-            return Attempt(status, position=int(reply[1]), epoch=int(reply[2]))
-        if status is AttemptStatus.STALE:
-            return Attempt(status, epoch=int(reply[1]))
-        if status is AttemptStatus.WEIGHT_OVER_LIMIT:
-            sem, weight = self.members[int(reply[4]) - 1]
-            limit = int(reply[1])
-            raise ValueError(
-                f"weight={weight} is not accepted for semaphore {sem.name!r}: it exceeds the "
-                f"limit in force ({limit}, a runtime override); use a weight from 1 to {limit}"
-            )
-        return Attempt(status)
+        _validate.ticket("ticket", ticket)
+        request.check_times()
+        request = request._replace(member_caps=self._caps(partition_caps))
+        self._check_partitions(request)
+        return self._attempt(request)
 
-    def _caps(self, partition_caps: Mapping[str, int | None] | None) -> list[int | None]:
+    def _check_partitions(self, request: AcquireRequest) -> None:
+        """Check the partition arguments of ``request`` in every member, and its done mode."""
+        part, part_weight = request.partition, request.partition_weight
+        for (_, weight), cap in zip(self.members, request.member_caps, strict=True):
+            check_partition(weight, part, cap, part_weight)
+        _validate.partition("partition", part)
+        _validate.positive_int(
+            "partition_weight", part_weight, maximum=_validate.MAX_PARTITION_WEIGHT
+        )
+        done_mode(request.check_done, request.new_execution)
+
+    def _attempt(self, request: AcquireRequest) -> Attempt:
+        """:meth:`try_acquire` of a checked ``request``: one script call."""
+        members = [
+            (weight, sem.limit, -1 if cap is None else cap)
+            for (sem, weight), cap in zip(self.members, request.member_caps, strict=True)
+        ]
+        args = wire.group_acquire_args(request, members, self._lease_ttl(), self._aging_ms())
+        attempt, wakes, error = wire.group_attempt(self, request, self._run("group_acquire", args))
+        self._wake(wakes)
+        if error is not None:
+            raise error
+        return attempt
+
+    def _caps(self, partition_caps: Mapping[str, int | None] | None) -> tuple[int | None, ...]:
         if partition_caps is None:
-            return [None] * len(self._sems)
+            return (None,) * len(self._sems)
         if not isinstance(partition_caps, Mapping):
             raise TypeError(
                 "partition_caps must be a mapping of member names to caps (int or None), got "
@@ -361,7 +264,7 @@ class SemaphoreGroup:
                 f"partition_caps={dict(partition_caps)!r} is not accepted: {unknown!r} are not "
                 f"members of this group ({', '.join(map(repr, self.names))})"
             )
-        return [partition_caps.get(name) for name in self.names]
+        return tuple(partition_caps.get(name) for name in self.names)
 
     def release_token(
         self,
@@ -380,19 +283,11 @@ class SemaphoreGroup:
         claim = _validate.text("claim", claim)
         tomb = _validate.optional_non_negative_seconds("tombstone_ttl", tombstone_ttl)
         tomb_ms = int((DEFAULT_TOMBSTONE_TTL if tomb is None else tomb) * 1000)
-        reply = self._run(
-            "group_release",
-            [
-                token,
-                f"{tomb_ms} 1000 {self._aging_ms()} {1 if timed else 0}",
-                claim,
-                self._limits(),
-            ],
+        args = wire.group_release_args(
+            token, tomb_ms, self._aging_ms(), timed, claim, self._limits()
         )
-        m = int(reply[0])
-        statuses = [int(v) for v in reply[1 : 1 + m]]
-        if len(reply) > 1 + m:
-            self._wake(reply[1 + m :])
+        statuses, wakes = wire.group_release_reply(self._run("group_release", args))
+        self._wake(wakes)
         return any(status in ((1,) if only_now else (1, 2)) for status in statuses)
 
     def refresh_token(
@@ -411,26 +306,29 @@ class SemaphoreGroup:
         claim = _validate.text("claim", claim)
         lease = _validate.optional_positive_seconds("lease_ttl", lease_ttl)
         place = _validate.optional_positive_seconds("place_ttl", place_ttl)
-        default = min(sem.lease_ttl for sem in self._sems)
-        first = self._sems[0]
-        numbers = (
-            f"r {first._ms(lease or default)} {first._ms(place or default)} 1000 {self._aging_ms()}"
+        default = self._lease_ttl()
+        ms = self._sems[0]._ms
+        args = wire.group_refresh_args(
+            token,
+            ms(lease or default),
+            ms(place or default),
+            self._aging_ms(),
+            self._limits(),
+            claim,
         )
-        reply = self._run("group_refresh", [token, numbers, self._limits(), claim])
-        self._wake(reply[2:])
-        status = int(reply[0])
+        status, expiry, wakes = wire.refresh_reply(self._run("group_refresh", args))
+        self._wake(wakes)
         if status in (0, 3) or (holder_only and status != 1):
             return None
-        return int(reply[1]) / 1000
+        return expiry
 
     def withdraw(self, ticket: str) -> bool:
         """Give up the places of ``ticket`` in every member's line.  True if it had one."""
         ticket = _validate.ticket("ticket", ticket)
-        reply = self._run(
-            "group_refresh", [ticket, f"w 1 1 1000 {self._aging_ms()}", self._limits()]
-        )
-        self._wake(reply[2:])
-        return int(reply[0]) == 1
+        args = wire.group_withdraw_args(ticket, self._aging_ms(), self._limits())
+        status, _, wakes = wire.refresh_reply(self._run("group_refresh", args))
+        self._wake(wakes)
+        return status == 1
 
     # -- blocking ---------------------------------------------------------------------------
 
@@ -448,70 +346,26 @@ class SemaphoreGroup:
         """Block until ``ticket`` is granted in every member, stops waiting, or ``timeout``
         seconds pass (as :meth:`Semaphore.wait`): it blocks on its wake list in every member,
         so a release in any of them wakes it."""
-        deadline = None if timeout is None else clock.monotonic() + timeout
         ticket = _validate.ticket("ticket", ticket)
-        wake_keys = [sem.keys.wake(ticket) for sem in self._sems]
-        poll = min(sem.poll_interval for sem in self._sems)
-        attempt: Attempt | None = None
-        blocked = False
-        try:
-            while True:
-                attempt = self.try_acquire(ticket, place_ttl=place_ttl, **attempt_options)
-                if attempt.status is not AttemptStatus.WAITING:
-                    return attempt
-                next_poll = clock.monotonic() + poll
-                if deadline is not None:
-                    next_poll = min(next_poll, deadline)
-                while True:
-                    remaining = next_poll - clock.monotonic()
-                    if remaining <= 0:
-                        break
-                    blocked = True
-                    step = remaining if give_up is None else min(check_every, remaining)
-                    if self._block(wake_keys, step):
-                        break
-                    if give_up is not None and give_up():
-                        return attempt
-                if deadline is not None and clock.monotonic() >= deadline:
-                    return attempt
-        finally:
-            waiting = attempt is None or attempt.status is AttemptStatus.WAITING
-            claim = str(attempt_options.get("claim", ""))
-            self._leave(ticket, wake_keys if blocked else [], waiting, keep_place, claim)
-
-    def _block(self, wake_keys: list[str], seconds: float) -> bool:
-        try:
-            return self.client.blpop(wake_keys, timeout=max(0.01, seconds)) is not None
-        except redis_lib.exceptions.TimeoutError:
-            return False
-        except RedisError as exc:
-            raise SemaphoreBackendError(
-                f"semaphore group {list(self.names)!r}: Redis failed while waiting: {exc}",
-                name=self.names[0],
-            ) from exc
-
-    def _leave(
-        self,
-        ticket: str,
-        wake_keys: list[str],
-        waiting: bool,
-        keep_place: float | None,
-        claim: str,
-    ) -> None:
-        try:
-            if waiting and keep_place is None:
-                self.withdraw(ticket)
-            elif waiting and keep_place is not None:
-                self.refresh_token(ticket, place_ttl=max(0.001, keep_place), claim=claim)
-            if wake_keys:
-                self.client.delete(*wake_keys)
-        except (RedisError, SemaphoreError) as exc:
-            log.warning(
-                "cleanup after waiting failed: %s",
-                exc,
-                semaphore="+".join(self.names),
-                task_id=None,
-            )
+        waiter = waiting.Waiter(
+            self,
+            self.try_acquire,
+            [sem.keys.wake(ticket) for sem in self._sems],
+            min(sem.poll_interval for sem in self._sems),
+            f"semaphore group {list(self.names)!r}",
+            self.names[0],
+            "+".join(self.names),
+        )
+        return waiting.wait(
+            waiter,
+            ticket,
+            timeout=timeout,
+            place_ttl=place_ttl,
+            keep_place=keep_place,
+            give_up=give_up,
+            check_every=check_every,
+            options=attempt_options,
+        )
 
     def acquire(
         self,

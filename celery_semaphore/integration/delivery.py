@@ -8,8 +8,8 @@ message (:func:`stamp_claim`), and every Redis call made for it carries that cla
 invariant in :mod:`celery_semaphore.integration.body`).
 
 The request keys below travel from the consumer to the body in the request itself, never as
-message headers (the consumer overwrites whatever a message brought), except
-:data:`HEADER`, the wait state a parked copy carries in its message.
+message headers (the consumer overwrites whatever a message brought).  The wait state a parked
+copy carries in its message is in :mod:`.wait_state`.
 """
 
 from __future__ import annotations
@@ -17,11 +17,10 @@ from __future__ import annotations
 import os
 import socket
 import threading
-import time
 import uuid
 from collections import OrderedDict
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from enum import Enum
 from typing import Any, TypeGuard
 
@@ -36,10 +35,7 @@ __all__ = [
     "IllegalMove",
     "Stage",
     "GATE_HEADER",
-    "HEADER",
     "QUEUE_KEY",
-    "WaitState",
-    "copy_of_execution",
     "delivery_claim",
     "from_this_worker",
     "gate_nonce",
@@ -52,15 +48,6 @@ __all__ = [
     "task_id_of",
     "ticket_of",
 ]
-
-#: the message header of a parked copy: how its execution has waited so far (see WaitState)
-
-HEADER = "semaphore_wait"
-#: the most claims of ended deliveries a copy carries (WaitState.claim_before and
-#: .claims_earlier).  Only a Redis outage that fails this many deliveries in a row, each before
-#: it gave back the grant of the one before, loses track of a grant: the copy then takes it for
-#: a live copy's and drops
-CLAIM_CHAIN = 8
 
 #: the request key in which the worker's consumer tells the body which queue the message came
 #: from (it knows the AMQP consumer tag; a pool process does not); never a message header
@@ -92,92 +79,6 @@ def note_handled(token: str) -> None:
 def handled_here(token: str) -> bool:
     with _handled_lock:
         return token in _handled
-
-
-@dataclass(frozen=True)
-class WaitState:
-    """The ``semaphore_wait`` header: how this copy of the task has waited so far."""
-
-    epoch: int = 0
-    waits: int = 0
-    first_wait: float | None = None
-    #: this copy continues a redelivered execution whose permit may still be held by the
-    #: previous delivery (alive past a visibility timeout, or dead until its lease expires)
-    takeover: bool = False
-    #: the partition this execution waits in (fixed at its first attempt)
-    partition: str | None = None
-    #: the claim of the delivery that parked this copy: a grant a release handed off to the
-    #: place under that claim after it parked (while Redis failed, the place could not be
-    #: told) belongs to nobody, and this copy takes it back (see body._ask)
-    claim_before: str | None = None
-    #: the claims of the deliveries that parked the copies before, newest first (at most
-    #: CLAIM_CHAIN - 1): a delivery that Redis failed before it could give back its
-    #: predecessor's grant (a reply lost on the wire) parks with its own claim, and the grant
-    #: is still under the older one; every delivery of them has ended, so none runs under it
-    claims_earlier: tuple[str, ...] = ()
-
-    def parked_claims(self) -> tuple[str, ...]:
-        """The claims a grant to this execution may still be held under by a delivery that
-        has ended (parked), newest first."""
-        return (self.claim_before, *self.claims_earlier) if self.claim_before else ()
-
-    def on_arrival(self, redelivered: bool, partition: str | None) -> WaitState:
-        """This state, as a delivery arriving now sees it: the wait (for ``max_wait``) starts
-        at the first attempt, a redelivery may have to take over its previous delivery's
-        permit, and the partition is the execution's."""
-        return replace(
-            self,
-            first_wait=self.first_wait or time.time(),
-            takeover=self.takeover or redelivered,
-            partition=partition,
-        )
-
-    @classmethod
-    def from_request(cls, request: Any) -> WaitState:
-        headers = getattr(request, "headers", None) or {}
-        raw = headers.get(HEADER) if isinstance(headers, Mapping) else None
-        if raw is None:
-            raw = getattr(request, HEADER, None)
-        return cls.from_headers(raw, request.retries or 0)
-
-    @classmethod
-    def from_headers(cls, raw: Any, retries: int) -> WaitState:
-        """From the ``semaphore_wait`` header's value (``raw``) of an execution with
-        ``retries``; a header from another attempt (the user's ``self.retry()`` copies
-        headers) is void."""
-        if not isinstance(raw, Mapping) or raw.get("r") != retries:
-            return cls()
-        first = raw.get("t0")
-        partition = raw.get("p")
-        before = raw.get("pc")
-        earlier = raw.get("pe")
-        return cls(
-            epoch=int(raw.get("e", 0)),
-            waits=int(raw.get("n", 0)),
-            first_wait=float(first) if first is not None else None,
-            takeover=bool(raw.get("o")),
-            partition=partition if isinstance(partition, str) else None,
-            claim_before=before if isinstance(before, str) and before else None,
-            claims_earlier=tuple(c for c in earlier[: CLAIM_CHAIN - 1] if isinstance(c, str) and c)
-            if isinstance(earlier, list)
-            else (),
-        )
-
-    def header(self, retries: int) -> dict[str, Any]:
-        out: dict[str, Any] = {
-            "r": retries,
-            "e": self.epoch,
-            "n": self.waits,
-            "t0": self.first_wait,
-            "o": 1 if self.takeover else 0,
-        }
-        if self.partition is not None:
-            out["p"] = self.partition
-        if self.claim_before is not None:
-            out["pc"] = self.claim_before
-        if self.claims_earlier:
-            out["pe"] = list(self.claims_earlier)
-        return out
 
 
 _nonce: str | None = None
@@ -284,14 +185,6 @@ def stamped_claim(request: Any) -> str | None:
     return None
 
 
-def copy_of_execution(state: WaitState) -> bool:
-    """Is this delivery a copy of an execution that may have run already (a parked or woken
-    copy, a redelivery)?  Only such a copy is dropped when it finds its ticket done (a
-    tombstone).  A first delivery is a new request, even with a task id used before (an id
-    reused for a later send, ``report-user-42``, runs again)."""
-    return state.epoch > 0 or state.takeover
-
-
 @dataclass(frozen=True)
 class Directive:
     """What a worker's gate decided for a delivery it held, handed to the body in the request
@@ -300,9 +193,10 @@ class Directive:
     long: re-publish with a countdown, keeping the place, under the same ``claim``),
     ``standby`` (near the head of the line: wait in the slot on the list ``wake``, where the
     release that frees the units grants them, under the same ``claim``) or ``timeout`` (past
-    ``max_wait``: fail with SemaphoreTimeout).  ``partition``: the line the
-    execution waits in; ``waited``: seconds since it first asked; ``granted_at``: when the
-    grant was made, on the machine's monotonic clock (the same in every process of it);
+    ``max_wait``: fail with SemaphoreTimeout) or ``fail`` (what the call asks for could not be
+    worked out: fail with SemaphoreRequestError, whose message is ``error``).  ``partition``:
+    the line the execution waits in; ``waited``: seconds since it first asked; ``granted_at``:
+    when the grant was made, on the machine's monotonic clock (the same in every process of it);
     ``plan``: the call's targets as the gate resolved them (see ``targets.Plan.to_wire``), so
     the body does not resolve them again."""
 
@@ -317,6 +211,7 @@ class Directive:
     granted_at: float = 0.0
     plan: Mapping[str, Any] | None = None
     wake: str = ""
+    error: str = ""
 
     def to_request(self) -> dict[str, Any]:
         """The plain value that travels in the request (to a prefork child too)."""
@@ -332,6 +227,7 @@ class Directive:
             "granted_at": self.granted_at,
             "plan": self.plan,
             "wake": self.wake,
+            "error": self.error,
         }
 
     @classmethod
@@ -356,6 +252,7 @@ class Directive:
                 granted_at=float(raw["granted_at"]),
                 plan=raw["plan"] if isinstance(raw.get("plan"), Mapping) else None,
                 wake=str(raw.get("wake") or ""),
+                error=str(raw.get("error") or ""),
             )
         except (KeyError, TypeError, ValueError):
             return None

@@ -36,8 +36,15 @@ Events (``kind``, then the fields; every event has ``name``, the semaphore name)
 ``lease_lost`` the heartbeat found a running task's permit gone: ``task_id``, ``token``
 ``reclaimed``  permits taken back from holders that could not release them: ``count``,
                ``reason`` (``"expired"``: leases that ran out, found by a worker's sweep;
-               ``"crashed"``: a dead process's permit released by the worker), ``task_id``
-               (None for ``"expired"``)
+               ``"crashed"``: a dead process's permit released by the worker;
+               ``"process_died"``: permits of a process, or a whole worker, whose liveness
+               record expired, found by a worker's sweep; ``"forced"``: a running task's
+               permit released by an operator (``celery semaphore release`` or ``reset``,
+               the web page), found by its heartbeat, as ``lease_lost`` is), ``task_id``
+               (None for ``"expired"`` and ``"process_died"``)
+``dropped``    a task ended without running because its line was full (``max_waiting`` with
+               ``on_full="drop"`` or ``"keep_newest"``): ``task_id``, ``task``, ``reason``
+               (``"full"``: no place for it; ``"replaced"``: a newer task took its place)
 ``used``       a call is about to take a semaphore whose name was made from its arguments
                (``"api:{customer_id}"``): ``template``, ``task``, ``limit`` (from the code),
                ``weight``
@@ -60,7 +67,7 @@ Subscriber = Callable[[str, dict[str, Any]], None]
 
 #: every event kind the library emits
 KINDS = frozenset(
-    {"acquired", "waited", "timed_out", "released", "lease_lost", "reclaimed", "used"}
+    {"acquired", "waited", "timed_out", "released", "lease_lost", "reclaimed", "used", "dropped"}
 )
 
 # A tuple, replaced whole on (un)subscribe: emit() reads it without a lock.

@@ -8,13 +8,21 @@ works for prefork children, the threads pool (many permits in one process) and s
 A refresh that finds the permit gone marks ``permit.lost``, logs an error naming the semaphore
 and task, and calls the registered callback; the thread never dies on an exception.
 
-The same thread also *sweeps* the semaphores this process uses (:meth:`Heartbeat.watch`):
-about once a second it runs ``reclaim()`` on each, which takes back expired leases and wakes
-the waiters that free units belong to.  That covers units freed by someone who cannot wake a
-parked Celery task (an expired lease, a release from a script or the CLI).  A sweep never
-holds up a lease refresh: it works in slices of at most :data:`SWEEP_SLICE` seconds between
-the refreshes.  A Redis client that fails a sweep is not tried again in the same round, so
-a thousand names on a Redis that is down cost one failed call a second, not a thousand.
+The same thread also *sweeps* the semaphores this process is busy with, about once a second:
+it runs ``sweep()`` on each, which takes back expired leases and wakes the waiters that free
+units belong to.  That covers units freed by someone who cannot wake a parked Celery task (an
+expired lease, a release from a script or the CLI).  Only the semaphores this process holds a
+permit of, or waits on, are swept (:meth:`Heartbeat.active`): those of the permits registered
+here, those a task waited for here within the last :data:`WAITED_SWEEP` seconds (in a slot,
+parked, or held by a gate: :meth:`Heartbeat.waited`), those its sources name (a gate's held
+tasks: :meth:`Heartbeat.add_source`), and those pinned with :meth:`Heartbeat.watch`.  A name
+this process neither holds nor waits on costs nothing here: its expired leases are taken back
+by the next script that runs for it anyway (every acquire, refresh and release reclaims first).
+
+A sweep never holds up a lease refresh: it works in slices of at most :data:`SWEEP_SLICE`
+seconds between the refreshes.  A Redis client that fails a sweep is not tried again in the
+same round, so a thousand names on a Redis that is down cost one failed call a second, not a
+thousand.
 """
 
 from __future__ import annotations
@@ -24,7 +32,7 @@ import os
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -45,6 +53,13 @@ LostCallback = Callable[[Permit], None]
 SWEEP_INTERVAL = 1.0
 #: the most seconds the thread sweeps before it looks at the leases due again
 SWEEP_SLICE = 0.2
+#: seconds a semaphore stays swept here after a task waited for it in this process: longer
+#: than a parked copy stays away at the default back-off (``retry_backoff_max``, 30 s), so
+#: units freed by an expired lease wake it, as a release would
+WAITED_SWEEP = 60.0
+
+#: a callable naming semaphores this process waits on right now (e.g. a gate's held tasks)
+Source = Callable[[], Iterable[Semaphore]]
 
 
 @dataclass
@@ -66,7 +81,11 @@ class Heartbeat:
         self._pid = -1
         self._thread: threading.Thread | None = None
         self._changed = threading.Event()
+        #: pinned with watch(): swept whatever this process does with them
         self._watched: dict[int, Semaphore] = {}
+        #: id -> (semaphore, clock.monotonic() until which it is swept): a task waited for it
+        self._waited: dict[int, tuple[Semaphore, float]] = {}
+        self._sources: list[Source] = []
         self._next_sweep = 0.0
         #: the semaphores the sweep under way has still to visit
         self._round: deque[Semaphore] = deque()
@@ -77,20 +96,75 @@ class Heartbeat:
         self._wake_at = math.inf
 
     def watch(self, semaphore: Semaphore) -> None:
-        """Sweep ``semaphore`` about once a second from now on (in this process)."""
+        """Sweep ``semaphore`` about once a second from now on (in this process), whether or
+        not this process holds or waits on it (until :meth:`unwatch`)."""
         with self._lock:
             self._watched[id(semaphore)] = semaphore
             self._ensure_thread()
 
     def unwatch(self, semaphore: Semaphore) -> None:
-        """Stop sweeping ``semaphore`` (a dynamic name no longer used here)."""
+        """Stop sweeping ``semaphore`` here (pinned, or marked by :meth:`waited`); a permit
+        of it registered here still makes it swept."""
         with self._lock:
             self._watched.pop(id(semaphore), None)
+            self._waited.pop(id(semaphore), None)
+            if self._round:
+                self._round = deque(s for s in self._round if s is not semaphore)
 
     def watched(self) -> list[Semaphore]:
-        """The semaphores swept in this process right now."""
+        """The semaphores pinned or marked to be swept in this process right now (those of
+        the permits it holds and of its sources are in :meth:`active`)."""
+        now = clock.monotonic()
         with self._lock:
-            return list(self._watched.values())
+            marked = [sem for sem, until in self._waited.values() if until > now]
+            return list({id(s): s for s in [*self._watched.values(), *marked]}.values())
+
+    def waited(self, semaphore: Semaphore, seconds: float = WAITED_SWEEP) -> None:
+        """A task waited for ``semaphore`` in this process (in a slot, parked, or held by a
+        gate): sweep it for ``seconds`` from now, so units freed without a release (an
+        expired lease) reach the waiters."""
+        until = clock.monotonic() + seconds
+        with self._lock:
+            found = self._waited.get(id(semaphore))
+            if found is None or found[1] < until:
+                self._waited[id(semaphore)] = (semaphore, until)
+            self._ensure_thread()
+            signal = found is None and self._wake_at > clock.monotonic() + SWEEP_INTERVAL
+        if signal:  # the thread sleeps long (nothing was swept): the first sweep comes soon
+            self._changed.set()
+
+    def add_source(self, source: Source) -> None:
+        """``source()`` names semaphores this process waits on right now; it is asked at the
+        start of each sweep (it must be quick and never block on Redis)."""
+        with self._lock:
+            if source not in self._sources:
+                self._sources.append(source)
+
+    def active(self) -> list[Semaphore]:
+        """The semaphores a sweep visits now: those of the permits registered here, those
+        marked by :meth:`waited` within its time, those the sources name, and those pinned
+        with :meth:`watch`; each once."""
+        now = clock.monotonic()
+        with self._lock:
+            for key in [k for k, (_, until) in self._waited.items() if until <= now]:
+                del self._waited[key]
+            found: dict[int, Semaphore] = dict(self._watched)
+            for sem, _ in self._waited.values():
+                found[id(sem)] = sem
+            for entry in self._entries.values():
+                permit = entry.permit
+                members = permit.permits if isinstance(permit, GroupPermit) else (permit,)
+                for member in members:
+                    if isinstance(member.semaphore, Semaphore):
+                        found[id(member.semaphore)] = member.semaphore
+            sources = list(self._sources)
+        for source in sources:
+            try:
+                for sem in source():
+                    found[id(sem)] = sem
+            except Exception as exc:  # a source never stops the sweep of the others
+                log.debug("sweep source failed: %s", exc, semaphore=None, task_id=None)
+        return list(found.values())
 
     def register(
         self,
@@ -156,7 +230,7 @@ class Heartbeat:
                 self._refresh(entry)
                 entry.due = clock.monotonic() + entry.interval
             next_due = min(next_due, entry.due)
-        if self._watched or self._round:
+        if self._round or self._sweep_wanted():
             # a slice of the sweep, ending before the next lease is due
             sweep = self._round or self._next_sweep <= now
             if sweep and self._sweep(min(clock.monotonic() + SWEEP_SLICE, next_due)):
@@ -166,17 +240,23 @@ class Heartbeat:
             self._wake_at = next_due
         self._changed.wait(max(0.01, next_due - clock.monotonic()))
 
+    def _sweep_wanted(self) -> bool:
+        """Might a sweep find anything to visit (without asking the sources)?"""
+        return bool(self._watched or self._waited or self._entries or self._sources)
+
     def _sweep(self, stop: float) -> bool:
-        """Sweep the watched semaphores, from where the last slice stopped, until ``stop``
+        """Sweep the active semaphores, from where the last slice stopped, until ``stop``
         (one at least); True when the round is done."""
         if not self._round:
+            active = self.active()
             with self._lock:
-                self._round.extend(self._watched.values())
+                self._round.extend(active)
             self._failed.clear()
         while self._round:
-            sem = self._round.popleft()
-            if id(sem) not in self._watched:
-                continue  # unwatched since the round began
+            with self._lock:
+                if not self._round:
+                    break  # unwatched meanwhile
+                sem = self._round.popleft()
             client = id(sem.client)
             if client in self._failed:
                 continue  # its Redis failed earlier in this round
@@ -190,7 +270,7 @@ class Heartbeat:
         """Check ``sem``'s state and take back its expired leases (one round trip); False
         when Redis failed."""
         try:
-            reclaimed, marker, fence = sem.sweep()  # ops: events (reclaimed =)
+            reclaimed, died, marker, fence = sem.sweep_by_reason()  # ops: events (reclaimed =)
         except Exception as exc:
             log.debug("sweep failed: %s", exc, semaphore=sem.name, task_id=None)
             return False
@@ -207,6 +287,18 @@ class Heartbeat:
                 )
                 events.emit(
                     "reclaimed", name=sem.name, count=reclaimed, reason="expired", task_id=None
+                )
+            if died:  # ops: events
+                log_release.warning(
+                    "reclaimed %d permit(s) of a dead process: its liveness record expired "
+                    "(the process, or its whole worker, died or stalled past "
+                    "semaphore_liveness_ttl)",
+                    died,
+                    semaphore=sem.name,
+                    task_id=None,
+                )
+                events.emit(
+                    "reclaimed", name=sem.name, count=died, reason="process_died", task_id=None
                 )
         except Exception as exc:
             log.debug("sweep failed: %s", exc, semaphore=sem.name, task_id=None)
@@ -277,11 +369,14 @@ class Heartbeat:
         if lost_state and self._reassert(entry):
             return
         self.unregister(permit)
-        _log_loss(permit, entry.task_id)
+        forced = _log_loss(permit, entry.task_id)
         # ops: events
         events.emit(
             "lease_lost", name=permit.semaphore.name, task_id=entry.task_id, token=permit.token
         )
+        if forced:  # an operator's release: counted where its task runs
+            name = permit.semaphore.name
+            events.emit("reclaimed", name=name, count=1, reason="forced", task_id=entry.task_id)
         if entry.on_lost is not None:
             try:
                 entry.on_lost(permit)
@@ -293,9 +388,10 @@ class Heartbeat:
                 )
 
 
-def _log_loss(permit: Any, task_id: str | None) -> None:
+def _log_loss(permit: Any, task_id: str | None) -> bool:
     """Say why a running task's permit is gone: an operator forced its release (the reason
-    they left), or its lease expired and was reclaimed, or another caller released it."""
+    they left), or its lease expired and was reclaimed, or another caller released it.  True
+    for a forced release."""
     sem = permit.semaphore
     try:
         reason = sem.release_reason(permit.token) if isinstance(sem, Semaphore) else None
@@ -310,7 +406,7 @@ def _log_loss(permit: Any, task_id: str | None) -> None:
             semaphore=sem.name,
             task_id=task_id,
         )
-        return
+        return True
     if permit.lease_expires_at <= time.time() + EXPIRY_SLACK:
         log.error(
             "permit LOST (token %s): its lease expired and was reclaimed, so another task may "
@@ -319,7 +415,7 @@ def _log_loss(permit: Any, task_id: str | None) -> None:
             semaphore=sem.name,
             task_id=task_id,
         )
-        return
+        return False
     log.error(
         "permit LOST (token %s): released by another caller before its lease expired (a "
         "release_token() call or a reset without a reason), so another task may now hold "
@@ -328,6 +424,7 @@ def _log_loss(permit: Any, task_id: str | None) -> None:
         semaphore=sem.name,
         task_id=task_id,
     )
+    return False
 
 
 #: seconds of clock difference between this host and Redis tolerated when telling an expired

@@ -24,7 +24,6 @@ import re
 import string
 import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
 from functools import lru_cache
 from typing import Generic, TypeVar
 
@@ -128,17 +127,10 @@ def check_key(param: str, key: object) -> str:
 # -- the lookup ---------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class _Pattern(Generic[_V]):
-    key: str
-    match: Callable[[str], object]
-    value: _V
-
-
 class Lookup(Generic[_V]):
     """The values of a per-semaphore setting in the order they apply to a semaphore.
 
-    Built once per settings generation (see :func:`celery_semaphore.integration.config.memo`);
+    Built once per settings generation (see :func:`celery_semaphore.integration.memo.memo`);
     which patterns match a tuple of names is remembered (at most :attr:`CACHE_SIZE` tuples),
     so a call pays a dict look-up, not a regular expression per pattern.
     """
@@ -152,8 +144,9 @@ class Lookup(Generic[_V]):
             ((i, k, v) for i, (k, v) in enumerate(table.items()) if is_pattern(k)),
             key=lambda item: (-specificity(item[1]), item[0]),
         )
-        self.patterns: tuple[_Pattern[_V], ...] = tuple(
-            _Pattern(k, re.compile(fnmatch.translate(k)).match, v) for _, k, v in ordered
+        #: (match, value) of each pattern key, most specific first
+        self.patterns: tuple[tuple[Callable[[str], object], _V], ...] = tuple(
+            (re.compile(fnmatch.translate(k)).match, v) for _, k, v in ordered
         )
         self._cache: dict[tuple[str, ...], tuple[_V, ...]] = {}
         self._lock = threading.Lock()
@@ -164,7 +157,7 @@ class Lookup(Generic[_V]):
     def _matching(self, names: tuple[str, ...]) -> tuple[_V, ...]:
         found = self._cache.get(names)
         if found is None:
-            found = tuple(p.value for p in self.patterns if any(p.match(n) for n in names))
+            found = tuple(v for match, v in self.patterns if any(match(n) for n in names))
             with self._lock:
                 if len(self._cache) >= self.CACHE_SIZE:
                     self._cache.clear()
@@ -184,22 +177,7 @@ class Lookup(Generic[_V]):
 
     def first(self, names: Sequence[str]) -> _V | None:
         """The value that applies, or None."""
-        exact = self.exact
-        for name in names:
-            if name in exact:
-                return exact[name]
-        if self.patterns:
-            found = self._matching(tuple(names))
-            if found:
-                return found[0]
-        return None
-
-    def key_for(self, names: Sequence[str]) -> str | None:
-        """The key whose value :meth:`first` gives (for messages)."""
-        for name in names:
-            if name in self.exact:
-                return name
-        return next((p.key for p in self.patterns if any(p.match(n) for n in names)), None)
+        return next(iter(self.candidates(names)), None)
 
 
 # -- could a key name a semaphore of the app? -----------------------------------------------------
@@ -267,9 +245,7 @@ def could_match(key: str, static: Iterable[str], templates: Iterable[str]) -> bo
     templates = list(templates)
     if key in static or key in templates:
         return True
+    if is_pattern(key) and any(fnmatch.fnmatchcase(n, key) for n in [*static, *templates]):
+        return True
     tokens = _glob_tokens(key) if is_pattern(key) else tuple(("lit", c) for c in key)
-    if is_pattern(key) and any(fnmatch.fnmatchcase(name, key) for name in static):
-        return True
-    if is_pattern(key) and any(fnmatch.fnmatchcase(t, key) for t in templates):
-        return True
     return any(_overlap(tokens, _template_tokens(t)) for t in templates)

@@ -19,6 +19,26 @@ from typing import Any
 __all__ = ["delivery_queue"]
 
 
+#: brokers whose message priority means "lower first" (kombu's Redis transport)
+_LOWER_FIRST = frozenset({"redis", "rediss", "sentinel", "redis+socket"})
+
+
+def message_priority(conf: Any, delivery_info: Mapping[str, Any] | None) -> int | None:
+    """The limiter priority (0-9, higher first) of a message sent with
+    ``apply_async(priority=N)``, or None when it has none.  RabbitMQ serves a higher N first,
+    so N (at most 9) is used as it is; kombu's Redis transport serves a lower N first, so
+    there it is 9 - N, and N = 0 counts as not given: that transport gives every message
+    without a priority 0 (see docs/options.md)."""
+    raw = (delivery_info or {}).get("priority")
+    if isinstance(raw, bool) or not isinstance(raw, int):
+        return None
+    value = max(0, min(9, raw))
+    scheme = str(conf.get("broker_url") or "").split("://", 1)[0].lower()
+    if scheme not in _LOWER_FIRST:
+        return value
+    return None if value == 0 else 9 - value
+
+
 def delivery_queue(
     app: Any, delivery_info: Mapping[str, Any] | None, consumer: Any = None
 ) -> str | None:

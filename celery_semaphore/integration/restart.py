@@ -4,11 +4,14 @@ A Redis without persistence that restarts (or a failover to a replica that lacke
 or a flush) forgets every holder while their bodies still run.  Left alone, the next
 acquires would see every unit free and grant them again: up to twice the limit at once.
 
-Detection: every process that uses a semaphore reads its *boot marker*
+Detection: every process that holds or waits on a semaphore reads its *boot marker*
 (:meth:`~celery_semaphore.Semaphore.boot_marker`) about once a second, from the heartbeat's
 sweep (:meth:`~celery_semaphore.Semaphore.sweep`: in the same call as the reclaim), and again
-when a lease refresh finds its permit gone.  A process that saw one marker
-and now finds another knows the state was lost.
+when a lease refresh finds its permit gone, or when a grant's fencing token is not above the
+last one it saw (:func:`lost_at_grant`: how a process idle on the name when the state was
+lost finds out, at its next grant).  A process that saw one marker and now finds another
+knows the state was lost.  What a process remembers of a semaphore goes with the semaphore
+object (dropped from the cache of :mod:`.locks`, and no permit left).
 
 Then, with ``semaphore_restart_policy = "fail_closed"`` (the default), that process grants no
 new permit for ``semaphore_restart_quarantine`` seconds (default: the lease_ttl), while the
@@ -25,6 +28,7 @@ makes before that is not prevented.
 from __future__ import annotations
 
 import threading
+import weakref
 from typing import Any
 
 from .. import logs
@@ -60,7 +64,17 @@ _fence: dict[int, int] = {}
 
 def configure(sem: Semaphore, policy: str, quarantine: float | None) -> None:
     with _lock:
+        new = id(sem) not in _config
         _config[id(sem)] = (policy, quarantine)
+    if new:  # forget it with the object: ids are reused, and dynamic names are many
+        weakref.finalize(sem, _forget, id(sem))
+
+
+def _forget(key: int) -> None:
+    """The semaphore whose id was ``key`` is gone: forget what this process noted of it."""
+    with _lock:
+        for table in (_config, _seen, _until, _lost_at, _fence):
+            table.pop(key, None)
 
 
 def detect(sem: Semaphore) -> bool:

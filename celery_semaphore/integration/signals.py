@@ -3,6 +3,9 @@
 * ``worker_init`` (main process, every pool): validate every ``semaphore_*`` setting; an invalid
   one stops the worker with a message naming the setting.  Then install the gate
   (:mod:`celery_semaphore.integration.gate`) when the app has limited tasks.
+* ``celeryd_after_setup`` (once the worker's logging is set up, where Celery warns of its own
+  renamed settings): warn of each renamed setting or task option still given under its old
+  name (:mod:`celery_semaphore.integration.renames`).
 * ``task_failure`` and ``task_revoked`` in the process that did *not* run the body (the prefork
   parent, after a hard time limit, a SIGKILL or OOM of the child, or a terminate): release the
   dead execution's permit at once, found by its token (``<task id>:<retries>``) and the claim
@@ -27,10 +30,10 @@ from celery.exceptions import TimeLimitExceeded
 from .. import logs
 from ..core import connection
 from ..core.exceptions import SemaphoreError
-from . import children, config, events, patterns, targets
+from . import children, config, discarded, events, family, patterns, renames, started
 from .decorators import spec_of
 from .delivery import handled_here, stamped_claim, ticket_of
-from .locks import lock_for, lock_names
+from .locks import lock_names, lock_of_request
 from .spec import LimitSpec, Member, check_cap, check_group_rates, check_rate_weight, check_weight
 
 __all__ = [
@@ -172,7 +175,17 @@ def _on_worker_init(sender: Any = None, **_: Any) -> None:
     if limited and app.conf.get("semaphore_enabled", True):
         from .consumer import install
 
+        # before the pool's children fork: the bodies say when they start, and the family's
+        # liveness record is written (the children use it)
+        started.take_over(app, [name for name, _ in limited])
+        family.start(app)
         install(app)
+
+
+def _on_after_setup(sender: Any = None, instance: Any = None, **_: Any) -> None:
+    app = getattr(instance, "app", None)
+    if app is not None:
+        renames.warn_renamed(app.conf)
 
 
 def _shown(logger: logging.Logger, level: int) -> bool:
@@ -232,18 +245,9 @@ def _release_dead(task: Any, task_id: str | None, request: Any, why: str) -> Non
     if not app.conf.get("semaphore_enabled", True):
         return
     try:
-        opts = config.resolve(app.conf, spec.options)
         # the semaphores this execution took: its names may come from its arguments (the
         # partition does not matter for a release)
-        plan = targets.resolve(
-            task,
-            spec,
-            tuple(getattr(request, "args", None) or ()),
-            dict(getattr(request, "kwargs", None) or {}),
-            None,
-            partition="",
-        )
-        lock = lock_for(app, plan, opts.lease_ttl)
+        lock = lock_of_request(task, spec, request)
         released = lock.release_token(token, claim=claim, only_now=True)
     except (SemaphoreError, TypeError, ValueError) as exc:
         log.error(
@@ -303,9 +307,16 @@ def _on_task_failure(
 
 
 def _on_task_revoked(
-    sender: Any = None, request: Any = None, terminated: bool = False, **_: Any
+    sender: Any = None,
+    request: Any = None,
+    terminated: bool = False,
+    expired: bool = False,
+    **_: Any,
 ) -> None:
-    if sender is None or request is None or not terminated:
+    if sender is None or request is None:
+        return
+    if not terminated:  # dropped before it ran: a parked copy gives up its place
+        discarded.leave_line(sender, request, expired)
         return
     pid = getattr(request, "worker_pid", None)  # announced as the signal is sent
     pids = {pid} if isinstance(pid, int) and pid != os.getpid() else set()
@@ -323,6 +334,8 @@ def connect() -> None:
     if _connected:
         return
     signals.worker_init.connect(_on_worker_init, weak=False)
+    signals.celeryd_after_setup.connect(_on_after_setup, weak=False)
     signals.task_failure.connect(_on_task_failure, weak=False)
     signals.task_revoked.connect(_on_task_revoked, weak=False)
+    signals.task_received.connect(started.on_received, weak=False)
     _connected = True

@@ -17,6 +17,13 @@ from ..core.rates import Rate, parse_rates
 from . import config
 from .bykey import DEFAULT, PerCall
 from .patterns import Lookup, check_key
+from .table import (
+    check_bool,
+    check_heartbeat,
+    check_queueing,
+    queue_limits_map,
+    queue_weights_map,
+)
 from .templates import ArgsFn, Template, parameters
 
 __all__ = [
@@ -88,19 +95,17 @@ class LimitSpec:
     partition: PartitionRule = QUEUE
     #: partition name -> its share weight (1 when not listed)
     queue_weights: Mapping[str, int] = field(default_factory=dict)
+    #: 0-9 (higher first), or a callable of the call's arguments (see :mod:`.full`)
+    priority: int | ArgsFn = 0
+    #: the most tasks that may wait in the line (None: no bound), and what a task does when
+    #: it is full (``on_full``: wait, drop, fail or keep_newest)
+    max_waiting: int | None = None
+    on_full: str = "wait"
 
-    # the first (usually only) member, for code that deals with one semaphore
     @property
     def name(self) -> str:
+        """The first (usually only) member's name, for logs."""
         return self.members[0].name
-
-    @property
-    def limit(self) -> int:
-        return self.members[0].limit
-
-    @property
-    def weight(self) -> int:
-        return self.members[0].weight
 
     @property
     def uses_arguments(self) -> bool:
@@ -114,6 +119,7 @@ class LimitSpec:
             )
             or isinstance(self.partition, Template)
             or callable(self.partition)
+            or callable(self.priority)
         )
 
     @classmethod
@@ -136,21 +142,18 @@ class LimitSpec:
         opts = dict(options)
         weight = opts.pop("weight", 1)
         rate = opts.pop("rate", None)
-        adaptive = opts.pop("adaptive", False)
-        if not isinstance(adaptive, bool):
-            raise TypeError(
-                f"{where}: adaptive must be True or False, got {type(adaptive).__name__} "
-                f"{adaptive!r}"
-            )
+        adaptive = check_bool("adaptive", opts.pop("adaptive", False))
         partition = opts.pop("partition", QUEUE)
         queue_limits = opts.pop("queue_limits", None)
         queue_weights = opts.pop("queue_weights", None)
+        queueing = (opts.pop("priority", 0), opts.pop("max_waiting", None))
+        on_full = opts.pop("on_full", "wait")
         opts = config.validate_task_options(opts, where=where)
         if "heartbeat_interval" in opts and "lease_ttl" in opts:
-            config.check_heartbeat(
+            check_heartbeat(
                 "heartbeat_interval", opts["heartbeat_interval"], "lease_ttl", opts["lease_ttl"]
             )
-        caps = config.queue_limits_map("queue_limits", queue_limits) or {}
+        caps = queue_limits_map("queue_limits", queue_limits) or {}
         names: list[object] = list(name) if isinstance(name, (list, tuple)) else [name]
         if not names:
             raise ValueError(f"{where}: name=[] is not accepted: give at least one semaphore name")
@@ -163,11 +166,15 @@ class LimitSpec:
         )
         _check_distinct(members, where)
         _check_group_options(members, where)
+        priority, most, policy = check_queueing(*queueing, on_full, several=len(members) > 1)
         return cls(
             members,
             opts,
             _partition_rule(partition),
-            config.queue_weights_map("queue_weights", queue_weights) or {},
+            queue_weights_map("queue_weights", queue_weights) or {},
+            priority,
+            most,
+            policy,
         )
 
     def combine(self, other: LimitSpec, where: str) -> LimitSpec:
@@ -202,6 +209,11 @@ class LimitSpec:
                     f"other @limited of this task; a partition has one weight per task"
                 )
             weights[part] = weight
+        if any((s.priority, s.max_waiting, s.on_full) != (0, None, "wait") for s in (self, other)):
+            raise TypeError(
+                f"{where}: priority=, max_waiting= and on_full= are not accepted on a task "
+                "that takes several semaphores at once (stacked @limited)"
+            )
         return LimitSpec(members, options, partition, weights)
 
     def check_parameters(self, fun: Callable[..., Any], where: str) -> None:
@@ -251,16 +263,18 @@ def _by_key(name: str, value: Mapping[Any, Any]) -> bool:
 
 
 def _check_group_options(members: tuple[Member, ...], where: str) -> None:
-    if len(members) > 1 and any(m.adaptive for m in members):
+    if len(members) < 2:
+        return
+    names = ", ".join(repr(m.name) for m in members)
+    several = f"a task that takes several semaphores at once ({names})"
+    if any(m.adaptive for m in members):
         raise ValueError(
-            f"{where}: adaptive=True is not accepted on a task that takes several semaphores "
-            f"at once ({', '.join(repr(m.name) for m in members)}): a group does not adapt its "
+            f"{where}: adaptive=True is not accepted on {several}: a group does not adapt its "
             "limits yet; make the task take one semaphore, or leave adaptive out"
         )
-    if len(members) > 1 and any(m.rates or m.rate_by is not None for m in members):
+    if any(m.rates or m.rate_by is not None for m in members):
         raise ValueError(
-            f"{where}: rate= is not accepted on a task that takes several semaphores at once "
-            f"({', '.join(repr(m.name) for m in members)}): their grants are made together, "
+            f"{where}: rate= is not accepted on {several}: their grants are made together, "
             "and a group does not admit rates yet; put the rate on a task that takes one "
             "semaphore"
         )
@@ -297,11 +311,8 @@ def _member(
     try:
         checked_limit, limit_by = _per_key("limit", limit, dynamic, _validate.positive_int, 0)
         rates, rate_by = _per_key("rate", rate, dynamic, parse_rates, ())
-        weight_fn: ArgsFn | None = None
-        if callable(weight):
-            weight_fn, static = weight, 1
-        else:
-            static = _validate.positive_int("weight", weight)
+        weight_fn: ArgsFn | None = weight if callable(weight) else None
+        static = 1 if weight_fn is not None else _validate.positive_int("weight", weight)
     except (TypeError, ValueError) as exc:
         # say which semaphore: a task may take several, each with its own limit and weight
         raise in_context(exc, f"{where}: semaphore {shown!r}: ") from None

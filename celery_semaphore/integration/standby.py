@@ -32,7 +32,7 @@ What keeps it safe and fair:
   free for other work) and only while the semaphore turns over (two grants on this worker
   within :data:`TURNOVER` seconds), so slow semaphores never tie up slots, and the solo pool
   never;
-* a standby that is not granted within ``wait_timeout`` parks, as a task waiting in its slot
+* a standby that is not granted within ``slot_wait_timeout`` parks, as a task waiting in its slot
   does (and frees the slot); one revoked meanwhile is told so by its gate and never runs.
 
 This module keeps the gate's side (:class:`Standing`: who stands by, whether one more may)
@@ -71,7 +71,7 @@ FREE_SLOTS = 2
 #: ... and only while the semaphore turns over: its last two grants on this worker were both
 #: made within this many seconds (one grant followed by a long hold sends nobody ahead)
 TURNOVER = 1.0
-#: seconds past its ``wait_timeout`` after which the gate stops counting a standby it heard
+#: seconds past its ``slot_wait_timeout`` after which the gate stops counting a standby it heard
 #: nothing of (it parked, or its grant came through a path that sends no note)
 SLACK = 1.0
 

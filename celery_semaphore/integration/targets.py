@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import hashlib
 import inspect
+import reprlib
 import threading
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
 from typing import Any
 
 from ..core import _validate
+from ..core.exceptions import SemaphoreRequestError
 from ..core.rates import Rate, parse_rates
 from . import config
 from .bykey import PerCall
@@ -59,6 +61,19 @@ class Plan:
     #: the partition (line) the call waits in; "" is the default (one line)
     partition: str = ""
     partition_weight: int = 1
+    #: the call's priority (0-9, higher first), its line's bound and the task's policy when
+    #: that is full (see :mod:`.full`)
+    priority: int = 0
+    max_waiting: int | None = None
+    on_full: str = "wait"
+
+    def queueing(self) -> dict[str, Any]:
+        """The core's priority, max_waiting and keep_newest arguments (only those set)."""
+        out: dict[str, Any] = {"priority": self.priority} if self.priority else {}
+        if self.max_waiting is not None:
+            out["max_waiting"] = self.max_waiting
+            out["keep_newest"] = self.on_full == "keep_newest"
+        return out
 
     def to_wire(self) -> dict[str, Any]:
         """This plan as a plain value, to travel with the gate's directive to the body (which
@@ -76,6 +91,7 @@ class Plan:
             ],
             "partition": self.partition,
             "partition_weight": self.partition_weight,
+            "priority": self.priority,
         }
 
     @classmethod
@@ -97,7 +113,15 @@ class Plan:
             )
             for member, row in zip(spec.members, rows, strict=True)
         )
-        return cls(targets, str(wire["partition"]), int(wire["partition_weight"]))
+        priority = int(wire.get("priority", 0))  # (a plan from before priorities: 0)
+        return cls(
+            targets,
+            str(wire["partition"]),
+            int(wire["partition_weight"]),
+            max(0, min(9, priority)),
+            spec.max_waiting,
+            spec.on_full,
+        )
 
     def fair(self, target: Target) -> dict[str, Any]:
         """The partition arguments of the core's try_acquire/acquire/wait for ``target``."""
@@ -137,9 +161,29 @@ def resolve(
     queue: str | None,
     *,
     partition: str | None = None,
+    message_priority: int | None = None,
 ) -> Plan:
     """The targets of one call.  ``partition``, when given, is the one this execution already
-    waits in (kept across parking and the gate's hand-over); else it is worked out here."""
+    waits in (kept across parking and the gate's hand-over); else it is worked out here.
+    ``message_priority``: the message's (``apply_async(priority=N)``, mapped by
+    ``queues.message_priority``), which wins over the task's ``priority``."""
+    plan = _resolve(task, spec, args, kwargs, queue, partition)
+    priority = message_priority
+    if priority is None:
+        priority = spec.priority if not callable(spec.priority) else plan.priority
+    if (priority, spec.max_waiting, spec.on_full) == (0, None, "wait"):
+        return plan
+    return replace(plan, priority=priority, max_waiting=spec.max_waiting, on_full=spec.on_full)
+
+
+def _resolve(
+    task: Any,
+    spec: LimitSpec,
+    args: Sequence[Any],
+    kwargs: Mapping[str, Any],
+    queue: str | None,
+    partition: str | None,
+) -> Plan:
     conf = task.app.conf
     arguments = arguments_of(task, args, kwargs) if spec.uses_arguments else {}
     if partition is None:
@@ -184,12 +228,34 @@ def _plan(
             check_group_rates(f"task {task.name}", target.name, target.rates)
     names = tuple(n for t in targets for n in (t.name, t.member.name))
     weight = config.partition_weight(conf, names, spec.queue_weights, partition)
-    return Plan(targets, partition, weight)
+    if not callable(spec.priority):
+        return Plan(targets, partition, weight)
+    shown = f"the priority callable {spec.priority!r}"
+    priority = _validate.priority(
+        f"task {task.name}: priority (from {spec.priority!r})",
+        _user(task, shown, spec.priority, arguments),
+    )
+    return Plan(targets, partition, weight, priority)
 
 
 #: partition names longer than this (UTF-8 bytes) are shortened to a head and a hash (the core
 #: takes at most 1024 bytes)
 MAX_PARTITION_TEXT = 200
+
+
+def _user(
+    task: Any, what: str, fn: Callable[..., Any], arguments: Mapping[str, Any], *more: Any
+) -> Any:
+    """``fn(arguments, *more)``: a user's per-call callable (or a template) for one call; what
+    it raises fails this call with a :class:`SemaphoreRequestError` that names the task, the
+    callable and the call's arguments."""
+    try:
+        return fn(arguments, *more)
+    except Exception as exc:
+        raise SemaphoreRequestError(
+            f"task {task.name}: {what} raised {type(exc).__name__}: {exc} for this call "
+            f"(arguments: {reprlib.repr(dict(arguments))})"
+        ) from exc
 
 
 def _short(partition: str) -> str:
@@ -207,8 +273,8 @@ def _partition(task: Any, spec: LimitSpec, arguments: Mapping[str, Any], queue: 
     if isinstance(rule, _Queue):
         return queue or ""
     if isinstance(rule, Template):
-        return rule.render(arguments)
-    value = rule(arguments)
+        return str(_user(task, f"the partition template {rule.text!r}", rule.render, arguments))
+    value = _user(task, f"the partition callable {rule!r}", rule, arguments)
     if value is None:
         return ""
     if not isinstance(value, str):
@@ -223,7 +289,7 @@ def _target(
     task: Any, conf: Any, member: Member, arguments: Mapping[str, Any], partition: str
 ) -> Target:
     if member.name_fn is not None:
-        value = member.name_fn(arguments)
+        value = _user(task, f"the name callable {member.name}", member.name_fn, arguments)
         if not isinstance(value, str) or not value:
             raise TypeError(
                 f"task {task.name}: the name callable {member.name} returned "
@@ -231,7 +297,9 @@ def _target(
             )
         name = value
     elif member.template is not None and member.template.dynamic:
-        name = member.template.render(arguments)
+        name = _user(
+            task, f"the semaphore name template {member.name!r}", member.template.render, arguments
+        )
         if not name:
             raise ValueError(
                 f"task {task.name}: the semaphore name template {member.name!r} gave an empty "
@@ -244,7 +312,13 @@ def _target(
     if member.limit_by is not None:
         code_limit = _validate.positive_int(
             f"task {task.name}: semaphore {name!r}: limit (from {member.limit_by.shown})",
-            member.limit_by.value(arguments, name),
+            _user(
+                task,
+                f"limit (from {member.limit_by.shown})",
+                member.limit_by.value,
+                arguments,
+                name,
+            ),
         )
     rates = member.rates
     if member.rate_by is not None:
@@ -255,7 +329,8 @@ def _target(
     where = "semaphore_limits" if limit != code_limit else "limit="
     if member.weight_fn is not None:
         weight = _validate.positive_int(
-            f"task {task.name}: weight (from {member.weight_fn!r})", member.weight_fn(arguments)
+            f"task {task.name}: weight (from {member.weight_fn!r})",
+            _user(task, f"the weight callable {member.weight_fn!r}", member.weight_fn, arguments),
         )
     check_weight(f"task {task.name}", name, weight, limit, where)
     check_rate_weight(f"task {task.name}", name, weight, rates)
@@ -273,7 +348,7 @@ def _rates(
     task: Any, name: str, rate_by: PerCall, arguments: Mapping[str, Any]
 ) -> tuple[Rate, ...]:
     """The rate windows one call's key gets (a table's entries were parsed at decoration)."""
-    value = rate_by.value(arguments, name)
+    value = _user(task, f"rate (from {rate_by.shown})", rate_by.value, arguments, name)
     if rate_by.table is not None:
         return tuple(value)
     key = tuple(value) if isinstance(value, list) else value

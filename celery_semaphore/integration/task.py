@@ -23,8 +23,9 @@ Class attributes (each ``semaphore_<option>`` accepts the task options of
   ``semaphore_queue_weights``: fair sharing between partitions, as the ``@limited`` options;
 * ``semaphore_lease_ttl``, ``semaphore_heartbeat_interval``, ``semaphore_retry_backoff``,
   ``semaphore_retry_backoff_max``, ``semaphore_retry_jitter``, ``semaphore_max_wait``,
-  ``semaphore_wait_timeout``, ``semaphore_standby``, ``semaphore_on_lease_lost``: override the
-  app setting of the same name for this task.
+  ``semaphore_slot_wait_timeout``, ``semaphore_slot_waiters``, ``semaphore_on_lease_lost``:
+  override the app setting of the same name for this task (``semaphore_wait_timeout`` and
+  ``semaphore_standby``, their former names, still work, with a warning).
 
 The ``run`` method of every concrete subclass is wrapped when the class is created, so the
 check that a name and limit are set happens at import time, never silently unlimited.
@@ -40,11 +41,14 @@ from celery import Task
 from .body import run_limited
 from .config import OPTIONS, SPEC_OPTIONS
 from .decorators import SPEC_ATTR
+from .renames import RENAMED_OPTIONS
 from .spec import QUEUE, LimitSpec
 
 __all__ = ["LimitedTask"]
 
 _OPTION_ATTRS = {f"semaphore_{name}": name for name in [*OPTIONS, *SPEC_OPTIONS]}
+#: ... and the former attribute names, which still work (with a warning; see :mod:`.renames`)
+_ATTRS = {**_OPTION_ATTRS, **{f"semaphore_{old}": old for old in RENAMED_OPTIONS}}
 
 
 class LimitedTask(Task):  # type: ignore[misc]
@@ -69,50 +73,57 @@ class LimitedTask(Task):  # type: ignore[misc]
                     "semaphore_name on the LimitedTask class, not both"
                 )
             return  # @limited already wraps the body
-        where = f"LimitedTask {cls.__qualname__}"
-        if cls.semaphore_name is None or cls.semaphore_limit is None:
-            raise TypeError(
-                f"{where} needs semaphore_name and semaphore_limit, e.g.\n\n"
-                f"    class {cls.__name__}(LimitedTask):\n        semaphore_name = 'gpu'\n"
-                f"        semaphore_limit = 4\n\nor @app.task(base=LimitedTask, "
-                "semaphore_name='gpu', semaphore_limit=4)"
-            )
-        options = {
-            opt: getattr(cls, attr)
-            for attr, opt in _OPTION_ATTRS.items()
-            if getattr(cls, attr, None) is not None or opt == "partition"
-        }
-        unknown = sorted(
-            a
-            for a in dir(cls)
-            if a.startswith("semaphore_")
-            and a not in _OPTION_ATTRS
-            and a not in ("semaphore_name", "semaphore_limit")
+        cls._semaphore_spec = spec = _spec(cls, fun)
+        cls.run = _limited_run(run, spec)
+
+
+def _spec(cls: type[LimitedTask], fun: Any) -> LimitSpec:
+    """The spec the class attributes give, checked; ``fun``: the body."""
+    where = f"LimitedTask {cls.__qualname__}"
+    if cls.semaphore_name is None or cls.semaphore_limit is None:
+        raise TypeError(
+            f"{where} needs semaphore_name and semaphore_limit, e.g.\n\n"
+            f"    class {cls.__name__}(LimitedTask):\n        semaphore_name = 'gpu'\n"
+            f"        semaphore_limit = 4\n\nor @app.task(base=LimitedTask, "
+            "semaphore_name='gpu', semaphore_limit=4)"
         )
-        if unknown:
-            raise TypeError(
-                f"{where}: unknown attribute(s) {', '.join(unknown)}; accepted: "
-                f"semaphore_name, semaphore_limit, {', '.join(sorted(_OPTION_ATTRS))}"
-            )
-        spec = LimitSpec.build(cls.semaphore_name, cls.semaphore_limit, options, where=where)
-        body_fun = run.__func__ if isinstance(run, staticmethod) else run
-        spec.check_parameters(body_fun, where)
-        cls._semaphore_spec = spec
+    unknown = sorted(
+        a
+        for a in dir(cls)
+        if a.startswith("semaphore_")
+        and a not in _ATTRS
+        and a not in ("semaphore_name", "semaphore_limit")
+    )
+    if unknown:
+        raise TypeError(
+            f"{where}: unknown attribute(s) {', '.join(unknown)}; accepted: "
+            f"semaphore_name, semaphore_limit, {', '.join(sorted(_OPTION_ATTRS))}"
+        )
+    options = {
+        opt: getattr(cls, attr)
+        for attr, opt in _ATTRS.items()
+        if getattr(cls, attr, None) is not None or opt == "partition"
+    }
+    spec = LimitSpec.build(cls.semaphore_name, cls.semaphore_limit, options, where=where)
+    spec.check_parameters(fun, where)
+    return spec
 
-        if isinstance(run, staticmethod):
-            body = run.__func__
 
-            @functools.wraps(body)
-            def static_run(*args: Any, **kw: Any) -> Any:
-                from celery._state import get_current_task
+def _limited_run(run: Any, spec: LimitSpec) -> Any:
+    """``run`` (a method or a staticmethod) wrapped to run under ``spec``."""
+    if isinstance(run, staticmethod):
+        body = run.__func__
 
-                return run_limited(get_current_task(), spec, lambda: body(*args, **kw), args, kw)
+        @functools.wraps(body)
+        def static_run(*args: Any, **kw: Any) -> Any:
+            from celery._state import get_current_task
 
-            cls.run = staticmethod(static_run)
-        else:
+            return run_limited(get_current_task(), spec, lambda: body(*args, **kw), args, kw)
 
-            @functools.wraps(run)
-            def method_run(self: Any, *args: Any, **kw: Any) -> Any:
-                return run_limited(self, spec, lambda: run(self, *args, **kw), args, kw)
+        return staticmethod(static_run)
 
-            cls.run = method_run
+    @functools.wraps(run)
+    def method_run(self: Any, *args: Any, **kw: Any) -> Any:
+        return run_limited(self, spec, lambda: run(self, *args, **kw), args, kw)
+
+    return method_run

@@ -29,7 +29,7 @@ __all__ = ["throttled"]
 
 def throttled(retry_after: float | None = None) -> list[ThrottleResult]:
     """Report a refusal of the downstream service to every semaphore the running task holds;
-    one :class:`~celery_semaphore.core.semaphore.ThrottleResult` per semaphore (none in a
+    one :class:`~celery_semaphore.ThrottleResult` per semaphore (none in a
     task of an app with ``semaphore_enabled=False``).  Raises RuntimeError outside the body
     of a limited task (use ``Semaphore.throttled()`` there)."""
     permits = current_permits()

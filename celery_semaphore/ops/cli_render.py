@@ -1,12 +1,36 @@
-"""Text rendering of :mod:`celery_semaphore.ops.views` dicts for ``celery semaphore``."""
+"""Text rendering of :mod:`celery_semaphore.ops.views` dicts for ``celery semaphore``.
+
+Names, task ids, tokens and owners (task, host) come from task arguments and from any producer:
+every one is shown through :func:`~celery_semaphore.logs.printable` (a table cell through
+:func:`.cli_text.cell`, a quoted name through ``repr``, which escapes the same characters), so
+a control character is shown as ``\\x1b``, ``\\r``, ``\\n``, never interpreted by the terminal.
+"""
 
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
+from ..logs import printable
 from . import views
+from .cli_text import (
+    average_hold,
+    cell,
+    duration,
+    effective_line,
+    holders_table,
+    limit_lines,
+    limit_text,
+    line_full_text,
+    partition_line,
+    partition_name,
+    policy_lines,
+    rate_line,
+    reclaimed_text,
+    table,
+    tasks_text,
+)
 
 __all__ = [
     "audit_lines",
@@ -17,104 +41,11 @@ __all__ = [
     "limit_lines",
     "listing",
     "rate_line",
+    "table",
     "top_frame",
 ]
 
 BAR_WIDTH = 30
-
-
-def duration(seconds: float | None) -> str:
-    """``0.4s``, ``12.3s``, ``5m03s``, ``2h05m``; ``-`` for None."""
-    return "-" if seconds is None else views.seconds_text(seconds)
-
-
-def _cell(value: Any) -> str:
-    if value is None:
-        return "-"
-    if isinstance(value, bool):
-        return "yes" if value else "no"
-    return str(value)
-
-
-def table(headers: Sequence[str], rows: Iterable[Sequence[Any]], indent: str = "") -> str:
-    cells = [[_cell(v) for v in row] for row in rows]
-    widths = [len(h) for h in headers]
-    for row in cells:
-        widths = [max(w, len(c)) for w, c in zip(widths, row, strict=True)]
-    lines = [
-        indent + "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip()
-        for row in [list(headers), *cells]
-    ]
-    return "\n".join(lines)
-
-
-def _tasks(names: Sequence[str], most: int) -> str:
-    """The first ``most`` task names, then how many more (``--json`` lists them all)."""
-    if not names:
-        return "-"
-    shown = ", ".join(names[:most])
-    return shown + (f" (+{len(names) - most} more)" if len(names) > most else "")
-
-
-def _limit(row: Mapping[str, Any]) -> str:
-    """``3 (override; setting 4, code 2)``: the limit, its source, and the others known."""
-    others = []
-    if row["source"] != "setting" and row.get("setting") is not None:
-        others.append(f"setting {row['setting']}")
-    code = row.get("code")
-    if row["source"] != "code" and code is not None:
-        others.append(f"code {code}")
-    elif isinstance(code, list):
-        others.append(f"code differs by task: {', '.join(map(str, code))}")
-    extra = f"; {', '.join(others)}" if others else ""
-    return f"{_cell(row['limit'])} ({row['source']}{extra})"
-
-
-def _partition_name(part: Mapping[str, Any]) -> str:
-    name = str(part.get("name", "?"))
-    return name or "(default)"  # the core calls the default partition ""
-
-
-def _partition_line(part: Mapping[str, Any]) -> str:
-    name = _partition_name(part)
-    rest = ", ".join(
-        f"{k} {_cell(v)}"
-        for k, v in part.items()
-        if k != "name" and not isinstance(v, (list, dict))
-    )
-    return f"partition {name}: {rest}" if rest else f"partition {name}"
-
-
-def rate_line(win: Mapping[str, Any]) -> str:
-    """``rate 10/s: 7 started, 3 available``; when full, ``..., opens in 0.4s``."""
-    text = f"rate {win['rate']}: {win['started']} started, {win['available']} available"
-    if win["available"] <= 0 or win["opens_in"] > 0:
-        text += f", opens in {duration(win['opens_in'])}"
-    return text
-
-
-def effective_line(data: Mapping[str, Any]) -> str | None:
-    """``effective limit 5 of 10: lowered after 3 throttle(s), the last 4.2s ago, rising by 1
-    per 5 unit(s) of finished work; paused 1.2s more``, or ``paused 1.2s more after ...``;
-    None while the limit is not lowered and nothing is paused."""
-    effective = data.get("effective") or {}
-    text = effective.get("text")
-    return None if not text else str(text)
-
-
-def limit_lines(data: Mapping[str, Any]) -> list[str]:
-    """What limits the starts besides the units: the effective limit when the downstream
-    service lowered it or paused the grants (:func:`effective_line`), then one line per rate
-    window (none without a rate)."""
-    line = effective_line(data)
-    rate = data.get("rate") or {}
-    windows = []
-    for win in data.get("rates") or []:
-        text = rate_line(win)
-        if rate.get("source") == "override":
-            text = text.replace(": ", " (runtime override): ", 1)
-        windows.append(text)
-    return ([line] if line else []) + windows
 
 
 def listing(rows: Sequence[Mapping[str, Any]], prefix: str) -> str:
@@ -128,13 +59,13 @@ def listing(rows: Sequence[Mapping[str, Any]], prefix: str) -> str:
         body.append(
             [
                 row["name"],
-                _cell(row["limit"]),
+                cell(row["limit"]),
                 row["source"],
-                f"{row['used']}/{_cell(row['limit'])}",
+                f"{row['used']}/{cell(row['limit'])}",
                 row["holders"],
                 row["waiting"],
                 duration(row["oldest_wait"]) if row["waiting"] else "-",
-                _tasks(row["tasks"], 2),
+                tasks_text(row["tasks"], 2),
             ]
         )
     out = [
@@ -142,99 +73,110 @@ def listing(rows: Sequence[Mapping[str, Any]], prefix: str) -> str:
     ]
     for row in rows:
         for part in row["partitions"]:
-            out.append(f"  {row['name']} / {_partition_line(part)}")
+            out.append(f"  {cell(row['name'])} / {partition_line(part)}")
         for line in limit_lines(row):
-            out.append(f"  {row['name']} / {line}")
+            out.append(f"  {cell(row['name'])} / {line}")
+        if full := line_full_text(row):
+            out.append(f"  {cell(row['name'])} / {full.removeprefix('; ')}")
     return "\n".join(out)
 
 
-def _average(seconds: float | None) -> str:
-    """The average hold of recent releases, or why there is none."""
-    if seconds is None:
-        return "- (nothing released yet)"
-    return f"{duration(seconds)} (recent releases)"
-
-
 def detail(data: Mapping[str, Any]) -> str:
+    lines = _detail_head(data)
+    lines.append("")
+    holders = data["holder_list"]
+    lines.append(f"HOLDERS ({len(holders)})")
+    if holders:
+        lines.append(holders_table(holders))
+    waiters = data["waiter_list"]
+    lines.append(f"WAITERS ({len(waiters)})")
+    if waiters:
+        lines.append(_waiters_table(waiters, data.get("partitions") or []))
+    actions = data.get("operator_actions") or []
+    if actions:
+        lines.append("RECENT OPERATOR ACTIONS")
+        lines.append(audit_lines(actions, indent="  "))
+    return "\n".join(lines)
+
+
+def _detail_head(data: Mapping[str, Any]) -> list[str]:
+    """``show``'s first lines: the limit, the units in use, the tasks, the counters, then the
+    partitions and what else limits the starts."""
     effective = data.get("effective") or {}
-    of = _cell(data["limit"])
+    of = cell(data["limit"])
     if effective.get("lowered"):
         of = f"{effective['limit']} (the effective limit; the limit is {of})"
     throttles = int(effective.get("throttles_total") or 0)
     lines = [
-        f"semaphore {data['name']!r}: limit {_limit(data)}",
+        f"semaphore {data['name']!r}: limit {limit_text(data)}",
         f"in use: {data['used']} of {of} unit(s) by {data['holders']} "
         f"holder(s); {data['waiting']} waiting"
         + (f" (oldest {duration(data['oldest_wait'])})" if data["waiting"] else ""),
-        f"tasks: {_tasks(data['tasks'], 5)}",
-        f"held on average: {_average(data.get('hold_time_avg'))}; "
-        f"{data.get('reclaimed_total', 0)} lease(s) expired and taken back; "
+        f"tasks: {tasks_text(data['tasks'], 5)}",
+        *policy_lines(data),
+        f"held on average: {average_hold(data.get('hold_time_avg'))}; "
+        f"{reclaimed_text(data)}; "
         f"{data.get('grants_total', 0)} permit(s) granted so far"
         + (
             f"; throttled {throttles} time(s), the last "
             f"{duration(effective.get('last_throttle_age'))} ago"
             if throttles
             else ""
-        ),
-    ]
-    for part in data["partitions"]:
-        lines.append(f"  {_partition_line(part)}")
-    for line in limit_lines(data):
-        lines.append(f"  {line}")
-    lines.append("")
-    holders = data["holder_list"]
-    lines.append(f"HOLDERS ({len(holders)})")
-    if holders:
-        lines.append(
-            table(
-                ["TOKEN", "TASK ID", "TASK", "HOST", "PID", "WEIGHT", "AGE", "LEASE LEFT", "FENCE"],
-                [
-                    [
-                        h["token"],
-                        h["task_id"],
-                        h["task"],
-                        h["host"],
-                        h["pid"],
-                        h["weight"],
-                        duration(h["age"]),
-                        duration(h["lease_left"]),
-                        h["fencing_token"],
-                    ]
-                    for h in holders
-                ],
-                indent="  ",
-            )
         )
-    waiters = data["waiter_list"]
-    lines.append(f"WAITERS ({len(waiters)})")
-    if waiters:
-        # WHY only when a waiter waits for something other than units or its turn
-        why = any(w.get("why") for w in waiters)
-        lines.append(
+        + line_full_text(data),
+    ]
+    lines.extend(f"  {partition_line(part)}" for part in data["partitions"])
+    lines.extend(f"  {line}" for line in limit_lines(data))
+    return lines
+
+
+def _waiters_table(waiters: Sequence[Mapping[str, Any]], parts: Sequence[Any] = ()) -> str:
+    """The waiters, one table per partition's line (positions count within a line), each
+    under a line naming the partition when there are several or it has a name; WHY IT WAITS:
+    the waiter's reason (:mod:`.views_reason`)."""
+    out = []
+    groups = group_by_partition(waiters, parts)
+    for name, line in groups:
+        if len(groups) > 1 or name:
+            part = next((p for p in parts if (p.get("name") or "") == name), {"name": name})
+            out.append(f"  {partition_line(part)}")
+        out.append(
             table(
-                ["POS", "TASK ID", "TASK", "PARTITION", "WEIGHT", "WAITED", "HOW"]
-                + (["WHY"] if why else []),
+                ["POS", "TASK ID", "TASK", "WEIGHT", "PRIO", "WAITED", "HOW", "WHY IT WAITS"],
                 [
                     [
                         w["position"],
                         w["task_id"] or w["ticket"],
                         w["task"],
-                        w["partition"] or None,
                         w["weight"],
+                        w.get("priority", 0),
                         duration(w["waited"]),
                         _how(w),
+                        _why(w),
                     ]
-                    + ([_why(w)] if why else [])
-                    for w in waiters
+                    for w in line
                 ],
-                indent="  ",
+                indent="    " if len(groups) > 1 or name else "  ",
             )
         )
-    actions = data.get("operator_actions") or []
-    if actions:
-        lines.append("RECENT OPERATOR ACTIONS")
-        lines.append(audit_lines(actions, indent="  "))
-    return "\n".join(lines)
+    return "\n".join(out)
+
+
+def group_by_partition(
+    waiters: Sequence[Mapping[str, Any]], parts: Sequence[Mapping[str, Any]] = ()
+) -> list[tuple[str, list[Mapping[str, Any]]]]:
+    """The waiters by partition ("" the default one), each line by position: the partitions in
+    the order the core reports them, then any other in order of first arrival."""
+    lines: dict[str, list[Mapping[str, Any]]] = {}
+    for part in parts:
+        lines.setdefault(str(part.get("name") or ""), [])
+    for w in waiters:
+        lines.setdefault(str(w.get("partition") or ""), []).append(w)
+    return [
+        (name, sorted(line, key=lambda w: int(w["position"])))
+        for name, line in lines.items()
+        if line
+    ]
 
 
 #: ``explain``'s sentence for each way of waiting (see :func:`views.how_waiting`)
@@ -252,49 +194,92 @@ _HOW_LONG = {
 
 def _how(w: Mapping[str, Any]) -> str:
     if w["how"] == views.HELD and w.get("held_by"):
-        return f"held by {w['held_by']}"
+        return f"held by {printable(w['held_by'])}"
     return str(w["how"])
 
 
 def _why(w: Mapping[str, Any]) -> str | None:
-    """``held by the rate 2/s: the window opens in 0.4s`` (None: units or its turn)."""
-    why = w.get("why")
+    """Why it waits (its ``reason``), e.g. ``queue bulk at its cap: 2 of 2 unit(s) in use``
+    or ``held by the rate 2/s: the window opens in 0.4s``; else its ``why`` (None: none)."""
+    why = w.get("reason") or w.get("why")
     return None if not why else str(why["text"])
 
 
 def explanation(r: Mapping[str, Any]) -> str:
     if r["state"] == "holding":
-        h = r["holding"][0]
-        return (
-            f"task {r['task_id']} ({h['task'] or '?'}) holds semaphore {r['name']!r}: token "
-            f"{h['token']}, {h['weight']} unit(s), for {duration(h['age'])} on {h['host']} "
-            f"(pid {h['pid']}), lease left {duration(h['lease_left'])}.\nIt is not waiting for "
-            "this semaphore."
-        )
+        return _holding(r)
     w = r["waiter"]
-    cap = r["cap"]
-    if cap["kind"] == "partition":
-        cap_text = _partition_line(cap["detail"])
-    elif (r.get("effective") or {}).get("lowered"):
-        cap_text = (
-            f"the semaphore's effective limit, {r['effective']['limit']} (lowered by throttles; "
-            f"the limit is {_limit(r)})"
-        )
-    else:
-        cap_text = f"the semaphore's limit, {_limit(r)}"
-    how = _HOW_LONG.get(w["how"], w["how"]).format(node=w.get("held_by") or "?")
+    how = _HOW_LONG.get(w["how"], cell(w["how"])).format(node=cell(w.get("held_by") or "?"))
     lines = [
-        f"task {r['task_id']} ({w['task'] or '?'}) is waiting for semaphore {r['name']!r}",
-        f"  place in line: {w['position']} (0 is the head); {len(r['ahead'])} waiter(s) "
-        f"ahead need {r['ahead_units']} unit(s); it needs {w['weight']}",
-        f"  cap: {cap_text}",
+        _first_line(r),
+        f"  place in line: {w['position']}{_line_name(w)} (0 is the head); {len(r['ahead'])} "
+        "waiter(s) "
+        f"ahead need {r['ahead_units']} unit(s); it needs {w['weight']}"
+        + (f"; its priority is {w['priority']} (0-9)" if w.get("priority") else ""),
+        f"  cap: {_cap_text(r)}",
         f"  in use: {r['used']} unit(s), free now: {r['free']}; units to come free before "
         f"its turn: {r['needed']}",
         f"  waiting for {duration(w['waited'])}, {how}",
     ]
-    for line in limit_lines(r):
-        lines.append(f"  {line}")
-    why = r.get("why")
+    lines.extend(f"  {line}" for line in limit_lines(r))
+    lines.extend(_why_lines(r))
+    if r["ahead"]:
+        lines.append("  ahead of it:")
+        lines.append(_ahead_table(r["ahead"]))
+    if r["holders"]:
+        lines.append("  holding now:")
+        lines.append(_holding_now_table(r["holders"]))
+    lines.append(f"  estimate: {_estimate(r)}")
+    return "\n".join(lines)
+
+
+def _first_line(r: Mapping[str, Any]) -> str:
+    """The one sentence that says why the task waits (its ``reason``; the ``sentence`` of the
+    JSON, with the task's id and name escaped), or, from a result without a reason, that it
+    is waiting."""
+    w, reason = r["waiter"], r.get("reason")
+    who = f"task {cell(r['task_id'])} ({cell(w['task'] or '?')})"
+    if not reason:
+        return f"{who} is waiting for semaphore {r['name']!r}"
+    link = ", but" if reason["kind"] == views.STARTING else " because"
+    return f"{who} waits for semaphore {r['name']!r}{link} {reason['because']}."
+
+
+def _holding(r: Mapping[str, Any]) -> str:
+    """``explain`` for a task that holds the semaphore."""
+    h = r["holding"][0]
+    return (
+        f"task {cell(r['task_id'])} ({cell(h['task'] or '?')}) holds semaphore "
+        f"{r['name']!r}: token {cell(h['token'])}, {h['weight']} unit(s), for "
+        f"{duration(h['age'])} on {cell(h['host'])} (pid {cell(h['pid'])}), lease left "
+        f"{duration(h['lease_left'])}.\nIt is not waiting for this semaphore."
+    )
+
+
+def _line_name(w: Mapping[str, Any]) -> str:
+    """`` in the line of queue 'bulk'`` (nothing for the default partition): whose line a
+    position counts in."""
+    name = w.get("partition")
+    return f" in the line of queue {name!r}" if name else ""
+
+
+def _cap_text(r: Mapping[str, Any]) -> str:
+    """The cap a waiter counts against: its partition's, the effective limit or the limit."""
+    cap = r["cap"]
+    if cap["kind"] == "partition":
+        return partition_line(cap["detail"])
+    if (r.get("effective") or {}).get("lowered"):
+        return (
+            f"the semaphore's effective limit, {r['effective']['limit']} (lowered by throttles; "
+            f"the limit is {limit_text(r)})"
+        )
+    return f"the semaphore's limit, {limit_text(r)}"
+
+
+def _why_lines(r: Mapping[str, Any]) -> list[str]:
+    """What holds the waiter (a pause, the rate) and the head of its line, when not units."""
+    lines = []
+    w, why = r["waiter"], r.get("why")
     if why and why["kind"] == views.PAUSE:
         lines.append(f"  {why['text']} (its units are free: it starts then)")
     elif why:
@@ -307,61 +292,64 @@ def explanation(r: Mapping[str, Any]) -> str:
     head_why = r.get("head_why")
     if head_why:
         lines.append(f"  the head of its line is {head_why['text']}")
-    if r["ahead"]:
-        lines.append("  ahead of it:")
-        lines.append(
-            table(
-                ["POS", "TASK ID", "TASK", "WEIGHT", "WAITED", "HOW"],
-                [
-                    [
-                        a["position"],
-                        a["task_id"] or a["ticket"],
-                        a["task"],
-                        a["weight"],
-                        duration(a["waited"]),
-                        _how(a),
-                    ]
-                    for a in r["ahead"]
-                ],
-                indent="    ",
-            )
-        )
-    if r["holders"]:
-        lines.append("  holding now:")
-        lines.append(
-            table(
-                ["TASK ID", "TASK", "HOST", "WEIGHT", "AGE", "LEASE LEFT"],
-                [
-                    [
-                        h["task_id"],
-                        h["task"],
-                        h["host"],
-                        h["weight"],
-                        duration(h["age"]),
-                        duration(h["lease_left"]),
-                    ]
-                    for h in r["holders"]
-                ],
-                indent="    ",
-            )
-        )
+    return lines
+
+
+def _ahead_table(ahead: Sequence[Mapping[str, Any]]) -> str:
+    return table(
+        ["POS", "TASK ID", "TASK", "WEIGHT", "WAITED", "HOW"],
+        [
+            [
+                a["position"],
+                a["task_id"] or a["ticket"],
+                a["task"],
+                a["weight"],
+                duration(a["waited"]),
+                _how(a),
+            ]
+            for a in ahead
+        ],
+        indent="    ",
+    )
+
+
+def _holding_now_table(holders: Sequence[Mapping[str, Any]]) -> str:
+    return table(
+        ["TASK ID", "TASK", "HOST", "WEIGHT", "AGE", "LEASE LEFT"],
+        [
+            [
+                h["task_id"],
+                h["task"],
+                h["host"],
+                h["weight"],
+                duration(h["age"]),
+                duration(h["lease_left"]),
+            ]
+            for h in holders
+        ],
+        indent="    ",
+    )
+
+
+def _estimate(r: Mapping[str, Any]) -> str:
+    """``about 12.3s (rough; ...)``, ``now (...)`` or ``unknown (...)``, with its basis."""
     if r["estimate"] is None:
-        lines.append(f"  estimate: unknown ({r['estimate_basis']})")
-    elif r["needed"]:
-        lines.append(
-            f"  estimate: about {duration(r['estimate'])} (rough; a hold taken as "
+        return f"unknown ({r['estimate_basis']})"
+    if r["needed"]:
+        return (
+            f"about {duration(r['estimate'])} (rough; a hold taken as "
             f"{duration(r['hold_estimate'])}: {r['estimate_basis']})"
         )
-    elif r["estimate"] > 0:  # units are free; the rate is what it waits for
-        lines.append(f"  estimate: about {duration(r['estimate'])} ({r['estimate_basis']})")
-    else:
-        lines.append(f"  estimate: now ({r['estimate_basis']})")
-    return "\n".join(lines)
+    if r["estimate"] > 0:  # units are free; the rate is what it waits for
+        return f"about {duration(r['estimate'])} ({r['estimate_basis']})"
+    return f"now ({r['estimate_basis']})"
 
 
 def _bar(used: int, limit: int | None, width: int = BAR_WIDTH) -> str:
+    """``[###...]``: ``used`` of ``limit``; blank (no bar, the same width) when there is no
+    limit to draw against."""
     if not limit:
-        return "[" + "?" * width + "]"
+        return " " * (width + 2)
     filled = min(width, round(width * used / limit))
     return "[" + "#" * filled + "." * (width - filled) + "]"
 
@@ -373,23 +361,19 @@ def top_frame(rows: Sequence[Mapping[str, Any]], prefix: str, interval: float) -
     ]
     if not rows:
         lines.append("no semaphores known")
-    width = max((len(r["name"]) for r in rows), default=4)
-    for r in rows:
+    names = [cell(r["name"]) for r in rows]
+    width = max((len(n) for n in names), default=4)
+    for r, shown in zip(rows, names, strict=True):
         waiting = f"{r['waiting']} waiting" + (
-            f" (oldest {duration(r['oldest_wait'])})" if r["waiting"] else ""
+            f" (oldest {duration(r['oldest_wait'])}{_by_reason(r)})" if r["waiting"] else ""
         )
+        in_use = f"{r['used']}/{r['limit']}" if r["limit"] is not None else f"{r['used']}"
         lines.append(
-            f"{r['name'].ljust(width)}  {_bar(r['used'], r['limit'])}  "
-            f"{r['used']}/{_cell(r['limit'])} in use  {waiting}  limit from {r['source']}"
+            f"{shown.ljust(width)}  {_bar(r['used'], r['limit'])}  "
+            f"{in_use} in use  {waiting}  limit from {r['source']}"
         )
         for part in r["partitions"]:
-            used = part.get("used", 0)
-            cap = part.get("cap", part.get("limit"))
-            name = "  " + _partition_name(part)
-            bar = _bar(int(used or 0), cap if isinstance(cap, int) else None)
-            lines.append(
-                f"{name:<{width}}  {bar}  {used}/{_cell(cap)}  {part.get('waiting', 0)} waiting"
-            )
+            lines.append(_top_partition(part, r, width))
         effective = r.get("effective") or {}
         text = effective_line(r)
         if text:
@@ -404,13 +388,39 @@ def top_frame(rows: Sequence[Mapping[str, Any]], prefix: str, interval: float) -
     return "\n".join(lines)
 
 
+def _by_reason(r: Mapping[str, Any]) -> str:
+    """``; 2 queue at its cap, 1 semaphore full``: the waiters by reason (none: "")."""
+    counts = r.get("waiting_by_reason") or {}
+    shown = [f"{n} {views.reason_label(kind)}" for kind, n in counts.items() if n]
+    return f"; {', '.join(shown)}" if shown else ""
+
+
+def _top_partition(part: Mapping[str, Any], r: Mapping[str, Any], width: int) -> str:
+    """A partition's line in ``top``: its units against its cap, or, without a cap, against
+    the limit it may take all of (saying "no cap")."""
+    used = int(part.get("used") or 0)
+    cap = part.get("cap", part.get("limit"))
+    name = "  " + partition_name(part)
+    waiting = f"{part.get('waiting', 0)} waiting"
+    if isinstance(cap, int):
+        full = " (at its cap)" if used >= cap and part.get("waiting") else ""
+        return f"{name:<{width}}  {_bar(used, cap)}  {used}/{cap} (cap){full}  {waiting}"
+    limit = (r.get("effective") or {}).get("limit") or r.get("limit")
+    bar = _bar(used, limit if isinstance(limit, int) else None)
+    of = f"/{limit}" if isinstance(limit, int) else ""
+    return f"{name:<{width}}  {bar}  {used}{of} (no cap)  {waiting}"
+
+
 def audit_lines(entries: Sequence[Mapping[str, Any]], indent: str = "") -> str:
     lines = []
     for e in entries:
         at = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(float(e.get("at") or 0)))
-        detail = ", ".join(f"{k}={v}" for k, v in sorted((e.get("detail") or {}).items()))
+        detail = ", ".join(
+            f"{printable(k)}={printable(v)}" for k, v in sorted((e.get("detail") or {}).items())
+        )
         lines.append(
-            f"{indent}{at}  {e.get('action')} {e.get('name')!r} by {e.get('user')}@"
-            f"{e.get('host')}" + (f"  ({detail})" if detail else "")
+            f"{indent}{at}  {printable(e.get('action'))} {e.get('name')!r} by "
+            f"{printable(e.get('user'))}@{printable(e.get('host'))}"
+            + (f"  ({detail})" if detail else "")
         )
     return "\n".join(lines)

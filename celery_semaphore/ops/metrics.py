@@ -2,10 +2,10 @@
 
 Two kinds, read two ways:
 
-* **Gauges of the fleet-wide state** (limit, units in use, holders, waiters, oldest wait, per
-  semaphore and per partition; each rate window's count, starts and room; the effective
-  limit and the throttle pause) are read from
-  Redis when Prometheus scrapes, by :class:`SemaphoreCollector`.  They are right whichever
+* **Gauges of the fleet-wide state** (limit, units in use, holders, waiters and why they
+  wait, oldest wait, per semaphore and per partition; each rate window's count, starts and
+  room; the effective limit and the throttle pause) are read from Redis when Prometheus
+  scrapes, by :class:`SemaphoreCollector`.  They are right whichever
   process serves them, so they need no multiprocess care; every exporter reports the same
   values (aggregate them with ``max``).
 * **Counters and histograms of what happened** (acquired, waits, time-outs, lost leases,
@@ -38,7 +38,7 @@ from typing import Any
 
 try:
     import prometheus_client
-    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+    from prometheus_client.core import GaugeMetricFamily
     from prometheus_client.registry import Collector, CollectorRegistry
 except ImportError as exc:  # pragma: no cover - depends on the installed extras
     raise ImportError(
@@ -49,6 +49,7 @@ except ImportError as exc:  # pragma: no cover - depends on the installed extras
 
 from .. import logs
 from ..integration import events
+from . import metrics_scrape as scrape
 
 __all__ = [
     "HOLD_BUCKETS",
@@ -97,13 +98,21 @@ class EventMetrics:
         self.timeouts = counter(
             "celery_semaphore_timeouts", "Tasks that gave up waiting (max_wait, eager bound)."
         )
+        self.dropped = counter(
+            "celery_semaphore_dropped",
+            "Tasks ended without running because their line was full (max_waiting; reason: "
+            "full = no place for it, replaced = a newer task took its place, keep_newest).",
+            "reason",
+        )
         self.lease_lost = counter(
             "celery_semaphore_lease_lost", "Running tasks whose permit was found gone."
         )
         self.reclaimed = counter(
             "celery_semaphore_reclaimed",
             "Permits taken back from holders that could not release them (reason: expired = "
-            "lease ran out, crashed = a dead process's permit released by the worker).",
+            "lease ran out, crashed = a dead process's permit released by the worker, "
+            "process_died = its process's liveness record expired, found by a sweep, "
+            "forced = an operator released a running task's permit).",
             "reason",
         )
         self.wait_seconds = Histogram(
@@ -126,6 +135,7 @@ class EventMetrics:
             self.acquired,
             self.waits,
             self.timeouts,
+            self.dropped,
             self.lease_lost,
             self.reclaimed,
             self.wait_seconds,
@@ -146,6 +156,8 @@ class EventMetrics:
             self.timeouts.labels(name).inc()
         elif kind == "lease_lost":
             self.lease_lost.labels(name).inc()
+        elif kind == "dropped":
+            self.dropped.labels(name, str(fields.get("reason", ""))).inc()
         elif kind == "reclaimed":
             reason = str(fields.get("reason", ""))
             self.reclaimed.labels(name, reason).inc(int(fields.get("count") or 1))
@@ -235,107 +247,14 @@ class SemaphoreCollector(Collector):
     def collect(self) -> Iterator[Any]:
         from .views import summary
 
-        def gauge(name: str, doc: str, *labels: str) -> GaugeMetricFamily:
-            return GaugeMetricFamily(name, doc, labels=["semaphore", *labels])
-
-        limit = gauge("celery_semaphore_limit", "The limit in force (override, setting or code).")
-        overridden = gauge(
-            "celery_semaphore_limit_overridden", "1 while a runtime override (set-limit) is set."
-        )
-        in_use = gauge("celery_semaphore_in_use", "Units held right now.")
-        holders = gauge("celery_semaphore_holders", "Permits held right now.")
-        waiting = gauge("celery_semaphore_waiting", "Waiters in line right now.")
-        oldest = gauge("celery_semaphore_oldest_wait_seconds", "How long the oldest waiter waits.")
-        p_cap = gauge("celery_semaphore_partition_cap", "A partition's cap.", "partition")
-        p_used = gauge("celery_semaphore_partition_in_use", "Units a partition holds.", "partition")
-        p_wait = gauge("celery_semaphore_partition_waiting", "A partition's waiters.", "partition")
-        r_limit = gauge(
-            "celery_semaphore_rate_limit",
-            "A rate window's count: the most weight that may start in any period (window: "
-            'the rate, e.g. "10/s").',
-            "window",
-        )
-        r_period = gauge(
-            "celery_semaphore_rate_period_seconds", "A rate window's period.", "window"
-        )
-        r_started = gauge(
-            "celery_semaphore_rate_started",
-            "Weight started in a rate window's last period.",
-            "window",
-        )
-        r_available = gauge(
-            "celery_semaphore_rate_available",
-            "Weight that may still start in a rate window now.",
-            "window",
-        )
-        r_opens = gauge(
-            "celery_semaphore_rate_opens_in_seconds",
-            "Seconds until a rate window has room for one more start (0: it has room now).",
-            "window",
-        )
-        e_limit = gauge(
-            "celery_semaphore_effective_limit",
-            "The units that may be held now: the adaptive limit while throttles keep it below "
-            "the limit in force, else that limit.",
-        )
-        paused = gauge(
-            "celery_semaphore_paused_seconds",
-            "Seconds until a throttle pause ends (0: no pause); nobody starts until then.",
-        )
-        throttles = CounterMetricFamily(
-            "celery_semaphore_throttles",
-            "Throttles reported (Semaphore.throttled, celery_semaphore.throttled) by anyone, as "
-            "counted in Redis by the core.",
-            labels=["semaphore"],
-        )
-        expired = CounterMetricFamily(
-            "celery_semaphore_leases_expired",
-            "Holders whose lease ran out and whose units were taken back, whoever took them "
-            "(counted in Redis by the core).",
-            labels=["semaphore"],
-        )
-        grants = CounterMetricFamily(
-            "celery_semaphore_grants",
-            "Permits ever granted, by anyone, as counted in Redis by the core.",
-            labels=["semaphore"],
-        )
+        families = scrape.families()
         up = GaugeMetricFamily("celery_semaphore_redis_up", "1 when the last read of Redis worked.")
         ok = 1.0
         try:
             with self._lock:
                 for entry in list(self._entries().values()):
                     snap = self._semaphore(entry).inspect()
-                    row = summary(entry, snap)
-                    name = row["name"]
-                    if row["limit"] is not None:
-                        limit.add_metric([name], row["limit"])
-                    overridden.add_metric([name], 1.0 if row["override"] is not None else 0.0)
-                    in_use.add_metric([name], row["used"])
-                    holders.add_metric([name], row["holders"])
-                    waiting.add_metric([name], row["waiting"])
-                    oldest.add_metric([name], row["oldest_wait"])
-                    effective = row["effective"]
-                    if effective["limit"] is not None:
-                        e_limit.add_metric([name], effective["limit"])
-                    paused.add_metric([name], effective["paused_for"] or 0.0)
-                    for part in row["partitions"]:
-                        label = [name, str(part.get("name", ""))]  # "": the default one
-                        cap = part.get("cap", part.get("limit"))
-                        if isinstance(cap, (int, float)):
-                            p_cap.add_metric(label, cap)
-                        p_used.add_metric(label, float(part.get("used") or 0))
-                        p_wait.add_metric(label, float(part.get("waiting") or 0))
-                    for win in row["rates"]:
-                        label = [name, win["rate"]]
-                        r_limit.add_metric(label, win["count"])
-                        r_period.add_metric(label, win["period"])
-                        r_started.add_metric(label, win["started"])
-                        r_available.add_metric(label, win["available"])
-                        r_opens.add_metric(label, win["opens_in"])
-                    # counters the core keeps in Redis
-                    expired.add_metric([name], snap.reclaimed_total)
-                    grants.add_metric([name], snap.grants_total)
-                    throttles.add_metric([name], snap.throttles_total)
+                    scrape.add_semaphore(families, summary(entry, snap), snap)
         except Exception as exc:  # a scrape must answer: report Redis down, not a 500
             log.warning(
                 "celery-semaphore metrics: reading Redis failed: %s",
@@ -345,10 +264,8 @@ class SemaphoreCollector(Collector):
             )
             ok = 0.0
         up.add_metric([], ok)
-        yield from (limit, overridden, in_use, holders, waiting, oldest, e_limit, paused)
-        yield from (p_cap, p_used, p_wait)
-        yield from (r_limit, r_period, r_started, r_available, r_opens)
-        yield from (f for f in (expired, grants, throttles) if f.samples)
+        yield from (families[key] for key, *_ in scrape.GAUGES)
+        yield from (families[key] for key, *_ in scrape.COUNTERS if families[key].samples)
         yield up
 
 

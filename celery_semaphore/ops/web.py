@@ -5,11 +5,15 @@ metrics port) serves one page and the JSON it polls once a second.  The page is 
 a small script shipped in the package (``ops/web_static``): nothing is fetched from elsewhere.
 Everything it shows is computed by :mod:`.views` (the same dicts as ``celery semaphore
 list/show/explain --json``), and ``explain`` is the CLI's own text (:mod:`.cli_render`).
+What it reads and does lives in :mod:`.web_board` (:class:`Board`, :class:`Actions`); this
+module is the HTTP side: the routes (:class:`WebApp`) and the server (:func:`start_server`).
 
 Routes (all ``GET`` unless said; JSON unless said)::
 
     /                          the page (HTML); /static/app.js, /static/app.css
-    /api/semaphores            {"at", "prefix", "actions", "semaphores": [views.summary, ...]}
+    /api/semaphores            {"at", "prefix", "actions", "semaphores": [views.summary, ...],
+                                "total": int, "next": the name after which the next page
+                                starts, or null}; ?limit=N (default 100, 0: all)&after=NAME
     /api/semaphore?name=N      views.detail + "operator_actions" (404: unknown name)
     /api/explain?task_id=T     {"results": [views.explain + "text"]} (404: not found)
     /healthz                   "ok" (text)
@@ -33,7 +37,6 @@ document as text (``textContent``), never as markup.
 
 from __future__ import annotations
 
-import hmac
 import json
 import threading
 import time
@@ -46,7 +49,8 @@ from urllib.parse import parse_qs
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from .. import logs
-from . import actions, audit, cli_render, registry, views
+from . import actions
+from .web_board import PAGE, Actions, Board, HttpError
 
 __all__ = [
     "TOKEN_ENV",
@@ -62,10 +66,6 @@ log = logs.get("cli")
 TOKEN_ENV = "CELERY_SEMAPHORE_WEB_TOKEN"
 #: the header a request carries its token in
 TOKEN_HEADER = "X-Semaphore-Token"
-#: seconds the list of known semaphores is reused before it is read again
-KNOWN_TTL = 10.0
-#: the least seconds between two reads of that list for a name not found in it
-FRESH_MIN = 2.0
 #: the largest request body accepted (an action is a few dozen bytes)
 MAX_BODY = 16 * 1024
 
@@ -85,177 +85,6 @@ _SECURITY_HEADERS = [
     ),
     ("Cache-Control", "no-store"),
 ]
-
-
-class HttpError(Exception):
-    def __init__(self, status: HTTPStatus, message: str) -> None:
-        super().__init__(message)
-        self.status = status
-
-
-class Board:
-    """What the page shows, read from Redis at each request (on the server's clock).
-
-    :param app: the Celery app (its Redis, key prefix, limited tasks and settings).
-    :param scan: also SCAN Redis for semaphores nobody registered (every ``KNOWN_TTL``).
-    :param client: a Redis client to use (default: one made from the app's settings).
-    """
-
-    def __init__(self, app: Any, *, scan: bool = True, client: Any = None) -> None:
-        from ..core.keys import validate_prefix
-        from ..integration.config import redis_settings
-
-        self.app = app
-        self.scan = scan
-        self.prefix = validate_prefix(app.conf.get("semaphore_key_prefix", "celery_semaphore"))
-        self.hash_tag = app.conf.get("semaphore_hash_tag", None)
-        if client is None:
-            from ..core.connection import redis_client
-
-            settings = redis_settings(app.conf)
-            client = redis_client(  # connects at its first command
-                settings.url,
-                cluster=settings.cluster,
-                options=settings.options,
-                socket_connect_timeout=3,
-                socket_timeout=5,
-                retries=1,
-            )
-        #: the Redis client (thread-safe: each request thread takes a pooled connection)
-        self.client = client
-        self._lock = threading.Lock()
-        self._known: dict[str, registry.Known] = {}
-        self._known_at = -KNOWN_TTL
-        self._semaphores: dict[tuple[str, int | None], Any] = {}
-
-    def known(self, *, fresh: bool = False) -> dict[str, registry.Known]:
-        client = self.client
-        with self._lock:
-            now = time.monotonic()
-            age = now - self._known_at
-            # `fresh` (a name not in the list): read again, but at most every FRESH_MIN
-            # seconds, so a page polling an unknown name does not SCAN Redis every second
-            if age >= KNOWN_TTL or (fresh and age >= FRESH_MIN):
-                self._known = registry.known(client, self.prefix, self.app, scan=self.scan)
-                self._known_at = now
-            return dict(self._known)
-
-    def entry(self, name: str) -> registry.Known | None:
-        """The Known entry for ``name`` (as ``celery semaphore show`` finds it), or None."""
-        from ..core.keys import SemaphoreKeys
-
-        entry = self.known().get(name) or self.known(fresh=True).get(name)
-        if entry is None and self.client.exists(SemaphoreKeys.for_name(name, self.prefix).state):
-            entry = registry.Known(name, found_in={"redis"})
-        return entry
-
-    def semaphore(self, entry: registry.Known) -> Any:
-        key = (entry.name, entry.configured_limit)
-        client = self.client
-        with self._lock:
-            sem = self._semaphores.get(key)
-            if sem is None:
-                # its releases and resets wake held and parked tasks, as the CLI's do
-                sem = actions.operable(self.app, client, self.prefix, entry, self.hash_tag)
-                self._semaphores[key] = sem
-            return sem
-
-    # -- what the routes return ----------------------------------------------------------
-
-    def overview(self) -> list[dict[str, Any]]:
-        """``celery semaphore list --json``."""
-        return [views.summary(e, self.semaphore(e).inspect()) for e in self.known().values()]
-
-    def detail(self, name: str) -> dict[str, Any] | None:
-        """``celery semaphore show NAME --json``; None for an unknown name."""
-        entry = self.entry(name)
-        if entry is None:
-            return None
-        data = views.detail(entry, self.semaphore(entry).inspect())
-        data["operator_actions"] = audit.read(self.client, self.prefix, name, limit=5)
-        return data
-
-    def explain(self, task_id: str) -> list[dict[str, Any]]:
-        """``celery semaphore explain TASK_ID --json``, each with the CLI's text."""
-        found = []
-        for entry in self.known().values():
-            result = views.explain(entry, self.semaphore(entry).inspect(), task_id)
-            if result is not None:
-                found.append({**result, "text": cli_render.explanation(result)})
-        return found
-
-
-class Actions:
-    """set-limit, set-rate, release and reset from the page, behind a token; each logged like the
-    CLI's (see :mod:`.audit`)."""
-
-    def __init__(self, board: Board, token: str) -> None:
-        if not token:
-            raise ValueError("the web page's actions need a non-empty token")
-        self.board = board
-        self._token = token.encode("utf-8")
-
-    def allowed(self, presented: str | None) -> bool:
-        return presented is not None and hmac.compare_digest(
-            presented.encode("utf-8", "surrogateescape"), self._token
-        )
-
-    def _entry(self, name: str) -> Any:
-        entry = self.board.entry(name)
-        if entry is None:
-            raise HttpError(HTTPStatus.NOT_FOUND, f"unknown semaphore {name!r}")
-        return entry
-
-    def set_limit(self, name: str, limit: int | None, who: Mapping[str, Any]) -> dict[str, Any]:
-        """Set (or, with None, clear) the runtime override, as ``celery semaphore set-limit``."""
-        entry = self._entry(name)
-        sem = self.board.semaphore(entry)
-        client, prefix = self.board.client, self.board.prefix
-        before, after = actions.set_limit(client, prefix, sem, entry, limit, **who)
-        return {"name": name, "before": before, "after": after}
-
-    def set_rate(self, name: str, rates: Any, who: Mapping[str, Any]) -> dict[str, Any]:
-        """Set (or, with None, clear) the runtime rate, as ``celery semaphore set-limit NAME
-        --rate``; ``rates``: the windows parsed by :func:`.actions.parse_rate`."""
-        entry = self._entry(name)
-        sem = self.board.semaphore(entry)
-        client, prefix = self.board.client, self.board.prefix
-        before, after = actions.set_rate(client, prefix, sem, rates, **who)
-        return {"name": name, "before": before, "after": after}
-
-    def release(
-        self, name: str, token: str | None, task_id: str | None, who: Mapping[str, Any]
-    ) -> dict[str, Any]:
-        """Force-release permits by token or task id, as ``celery semaphore release --yes``."""
-        if (token is None) == (task_id is None):
-            raise HttpError(
-                HTTPStatus.BAD_REQUEST, "release: give either 'token' or 'task_id', not both"
-            )
-        entry = self._entry(name)
-        sem = self.board.semaphore(entry)
-        snap = sem.inspect()
-        if token is not None:
-            targets = [h for h in snap.holders if h.token == token]
-        else:
-            targets, _ = views.find_task(snap, str(task_id))
-        if not targets:
-            raise HttpError(
-                HTTPStatus.NOT_FOUND,
-                f"no holder of semaphore {name!r} has "
-                + (f"token {token}" if token is not None else f"task id {task_id}"),
-            )
-        client, prefix = self.board.client, self.board.prefix
-        released = actions.force_release(client, prefix, sem, snap, targets, **who)
-        done = [{"token": h.token, "released": r} for h, r in zip(targets, released, strict=True)]
-        return {"name": name, "released": done}
-
-    def reset(self, name: str, who: Mapping[str, Any]) -> dict[str, Any]:
-        """Drop every holder and waiter, as ``celery semaphore reset --yes``."""
-        entry = self._entry(name)
-        sem = self.board.semaphore(entry)
-        result = actions.reset(self.board.client, self.board.prefix, sem, **who)
-        released, withdrawn = result.released, result.withdrawn
-        return {"name": name, "holders": released, "waiters": withdrawn}
 
 
 def _static(name: str) -> bytes:
@@ -332,7 +161,7 @@ class WebApp:
         if path == "/healthz":
             return HTTPStatus.OK, "text/plain; charset=utf-8", b"ok\n"
         if path == "/api/semaphores":
-            rows = self.board.overview()
+            rows, total, after = self.board.overview_page(_limit(query), _after(query))
             return (
                 HTTPStatus.OK,
                 *_json(
@@ -341,6 +170,8 @@ class WebApp:
                         "prefix": self.board.prefix,
                         "actions": self.actions is not None,
                         "semaphores": rows,
+                        "total": total,
+                        "next": after,
                     }
                 ),
             )
@@ -433,6 +264,25 @@ def _one(query: Mapping[str, list[str]], key: str) -> str:
     if not values or not values[0]:
         raise HttpError(HTTPStatus.BAD_REQUEST, f"the query parameter {key!r} is required")
     return values[0]
+
+
+def _limit(query: Mapping[str, list[str]]) -> int | None:
+    """The ``limit`` of a page (default :data:`PAGE`; 0: all)."""
+    values = query.get("limit")
+    if not values:
+        return PAGE
+    try:
+        limit = int(values[0])
+    except ValueError:
+        limit = -1
+    if limit < 0:
+        raise HttpError(HTTPStatus.BAD_REQUEST, "limit must be an int >= 0 (0: all)")
+    return limit or None
+
+
+def _after(query: Mapping[str, list[str]]) -> str | None:
+    values = query.get("after")
+    return values[0] if values and values[0] else None
 
 
 def _body(environ: Mapping[str, Any]) -> dict[str, Any]:

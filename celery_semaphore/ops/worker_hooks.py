@@ -116,8 +116,10 @@ def note_dynamic_name(
     app: Any, name: str, template: str, task: str, limit: int, weight: int, node: str
 ) -> None:
     """Record a semaphore name made from a task's arguments (``template``) in the registry,
-    the first time this process uses it (called by the task's wrapper in a worker), so
-    ``celery semaphore list`` shows it.  Best effort: a failure is logged at DEBUG."""
+    when this process uses it (at most once per :func:`.registry.refresh_every` seconds per
+    name; called by the task's wrapper in a worker), so ``celery semaphore list`` shows it,
+    and forget the names unused for ``semaphore_registry_forget_after`` seconds.  Best
+    effort: a failure is logged at DEBUG."""
     from ..integration import config
     from ..integration.clients import client_for
     from . import registry
@@ -126,7 +128,7 @@ def note_dynamic_name(
     prefix = app.conf.get("semaphore_key_prefix", "celery_semaphore")
     try:
         client = client_for(config.redis_url_for(app.conf), app.conf)
-        registry.note_used(client, prefix, use, node)
+        registry.note_used(client, prefix, use, node, forget_after=registry.forget_after(app))
     except Exception as exc:  # never fail a task over the registry
         log.debug("could not record a dynamic name: %s", exc, semaphore=name, task_id=None)
 

@@ -68,9 +68,23 @@ class Request:
         self.delivery_info: dict[str, Any] = {}
         self.expires = None
         self.time_start: float | None = None
+        #: the pool child that accepted it (None: not accepted yet)
+        self.worker_pid: int | None = None
 
     def revoked(self) -> bool:
         return False
 
+    def on_success(self, *args: Any, **kwargs: Any) -> None:
+        pass
+
     def on_failure(self, exc_info: Any, *args: Any, **kwargs: Any) -> None:
+        pass
+
+    def on_retry(self, *args: Any, **kwargs: Any) -> None:
+        pass
+
+    def on_accepted(self, *args: Any, **kwargs: Any) -> None:
+        pass
+
+    def acknowledge(self) -> None:
         pass

@@ -54,18 +54,23 @@ from hypothesis.stateful import (
 )
 
 import celery_semaphore.core.clock as clock_module
-import celery_semaphore.integration.body as body_module
-import celery_semaphore.integration.delivery as delivery_module
-import celery_semaphore.integration.gate as gate_module
+import celery_semaphore.integration.gate.dispatch as gate_dispatch_module
+import celery_semaphore.integration.gate.upkeep as gate_upkeep_module
+import celery_semaphore.integration.gated as gated_module
 import celery_semaphore.integration.heartbeat as heartbeat_module
+import celery_semaphore.integration.hold as hold_module
 import celery_semaphore.integration.locks as locks_module
+import celery_semaphore.integration.park as park_module
+import celery_semaphore.integration.wait_state as wait_state_module
 from celery_semaphore import Semaphore, limited
 from celery_semaphore.core.exceptions import SemaphoreTimeout
 from celery_semaphore.integration import wakes
-from celery_semaphore.integration.delivery import CLAIM_KEY, GATE_HEADER, HEADER, QUEUE_KEY
-from celery_semaphore.integration.gate import HELD_PLACE_TTL, LEFT_TTL, MAX_HOLD, Gate
+from celery_semaphore.integration.delivery import CLAIM_KEY, GATE_HEADER, QUEUE_KEY
+from celery_semaphore.integration.gate import Gate
+from celery_semaphore.integration.gate.timing import HELD_PLACE_TTL, LEFT_TTL, MAX_HOLD
 from celery_semaphore.integration.heartbeat import heartbeat
 from celery_semaphore.integration.locks import semaphore_for
+from celery_semaphore.integration.wait_state import HEADER
 from celery_semaphore.ops.testing import RedisServer
 
 from .gate_stubs import StoppedConsumer, gate_app
@@ -204,6 +209,9 @@ class ModelRequest:
     def revoked(self) -> bool:
         return self.machine.discard_if_revoked(self)
 
+    def on_success(self, *args: Any, **kwargs: Any) -> None:
+        pass
+
     def on_failure(self, exc_info: Any, *args: Any, **kwargs: Any) -> None:
         pass
 
@@ -306,7 +314,7 @@ class DeliveryMachine(RuleBasedStateMachine):
         @self.app.task(
             bind=True, base=ModelTask, name="delivery_model.job", shared=False, ignore_result=True
         )
-        @limited("main", limit=limit, lease_ttl=LEASE, wait_timeout=0, max_wait=MAX_WAIT)
+        @limited("main", limit=limit, lease_ttl=LEASE, slot_wait_timeout=0, max_wait=MAX_WAIT)
         def job(self: Any) -> None:
             machine.body(self.request.id)
 
@@ -480,11 +488,11 @@ class DeliveryMachine(RuleBasedStateMachine):
     def first_attempt(self, node: Node) -> bool:
         """One pass of the gate's arrivals thread: the first try of the oldest arrival."""
         gate = node.gate
-        with gate._arrived:
-            entry = gate._arrivals.popleft() if gate._arrivals else None
+        with gate.arrivals.cond:
+            entry = gate.arrivals.queue.popleft() if gate.arrivals.queue else None
         if entry is None:
             return False
-        gate._attempt(entry, first=True)
+        gate.attempts.attempt(entry, first=True)
         return True
 
     def run_hub(self, node: Node) -> bool:
@@ -706,7 +714,7 @@ class DeliveryMachine(RuleBasedStateMachine):
         if self.advanced + seconds <= BUDGET:
             self.advance(seconds)
         live = self.live()
-        live[node % len(live)].gate._tick()
+        live[node % len(live)].gate.upkeep.tick()
         self._done()
 
     @precondition(lambda self: self.ready)
@@ -831,10 +839,10 @@ class DeliveryMachine(RuleBasedStateMachine):
                 break
             self.advance(REFRESH, wall=False)  # no task times out while the test drains
             for node in self.live():
-                node.gate._tick()
+                node.gate.upkeep.tick()
         # a last tick forgets the grants whose bodies ended
         for node in self.live():
-            node.gate._tick()
+            node.gate.upkeep.tick()
 
     def expire_known_leaks(self) -> None:
         """Expire the places of the known defects (see TOLERATE_DONE_PLACES and
@@ -915,7 +923,15 @@ def _patch_time(monkeypatch: pytest.MonkeyPatch) -> Clock:
     real = SimpleNamespace(monotonic=time.monotonic, sleep=time.sleep)
     monkeypatch.setattr(heartbeat_module, "clock", real)
     monkeypatch.setattr(locks_module, "clock", real)
-    for module in (gate_module, body_module, delivery_module):  # time.time(): the wait so far
+    # time.time(): the wait so far
+    for module in (
+        gate_dispatch_module,
+        gate_upkeep_module,
+        gated_module,
+        park_module,
+        hold_module,
+        wait_state_module,
+    ):
         monkeypatch.setattr(module, "time", SimpleNamespace(time=clock.time))
     return clock
 

@@ -26,7 +26,7 @@ from celery import Celery, states
 from celery.app.trace import build_tracer
 from celery.worker import state
 
-import celery_semaphore.integration.gate as gate_module
+import celery_semaphore.integration.gate.timing as gate_timing
 from celery_semaphore import Semaphore, limited
 from celery_semaphore.core import clock
 from celery_semaphore.core.exceptions import SemaphoreBackendError
@@ -175,7 +175,7 @@ def gate_log() -> Iterator[LogRecords]:
 
 def _hold_too_long(monkeypatch: pytest.MonkeyPatch) -> None:
     # the next tick finds it held too long (and, at the default PARK_ANYWAY, far too long)
-    monkeypatch.setattr(gate_module, "MAX_HOLD", 0.01)
+    monkeypatch.setattr(gate_timing, "MAX_HOLD", 0.01)
 
 
 def _check_ran_once_and_nothing_left(scene: Scene, ran: bool) -> None:
@@ -251,7 +251,7 @@ def test_while_redis_fails_a_task_held_too_long_stays_held_and_parks_once_redis_
 ) -> None:
     with staged(redis_server, proxy.url(0)) as scene:
         scene.hold_the_task()
-        monkeypatch.setattr(gate_module, "PARK_ANYWAY", 1e9)
+        monkeypatch.setattr(gate_timing, "PARK_ANYWAY", 1e9)
         proxy.set_mode("refuse")
         _hold_too_long(monkeypatch)
         assert gate_log.wait_count(REDIS_FAILING, 1, 20), "the gate never saw Redis fail"

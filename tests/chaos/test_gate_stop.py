@@ -42,7 +42,7 @@ def _started_gate(consumer: StoppedConsumer) -> tuple[Gate, list[Any]]:
     """A gate in front of ``consumer``, started, and the list of what it gives the pool."""
     dispatched: list[Any] = []
 
-    def _process_task(req: Any) -> None:  # Celery's name for it (see Gate._direct)
+    def _process_task(req: Any) -> None:  # Celery's name for it (see ToPool.direct)
         dispatched.append(req)
 
     gate = Gate(consumer, _process_task, hold=10)
@@ -89,9 +89,9 @@ def test_stop_does_not_wait_for_the_gate_threads_tick(
     wait at once (a no-op item on the list) instead of letting the worker's shutdown sit out
     the rest of the tick.  With a 30 s tick, the thread must be gone when ``stop()`` returns
     (``stop()`` gives it 5 s; without the interrupt it would still be blocked)."""
-    import celery_semaphore.integration.gate as gate_module
+    import celery_semaphore.integration.gate.timing as gate_timing
 
-    monkeypatch.setattr(gate_module, "TICK", 30.0)
+    monkeypatch.setattr(gate_timing, "TICK", 30.0)
 
     @app.task(name="gate_stop.tick", shared=False)
     @limited("tick", limit=1)
@@ -103,7 +103,7 @@ def test_stop_does_not_wait_for_the_gate_threads_tick(
         before = int(client.info("clients")["blocked_clients"])
         gate = Gate(StoppedConsumer(app), lambda req: None, hold=10)
         gate.start()
-        thread = gate._thread
+        thread = gate.gate_thread.thread
         assert thread is not None
         wait_until(
             lambda: int(client.info("clients")["blocked_clients"]) > before,

@@ -17,6 +17,7 @@ from redis.backoff import ConstantBackoff, NoBackoff
 from redis.retry import Retry
 
 from celery_semaphore import Permit, Semaphore
+from celery_semaphore.integration import events
 from celery_semaphore.integration.heartbeat import Heartbeat
 from tests.conftest import SemaphoreFactory
 from tests.log_records import LogRecords, containing
@@ -187,3 +188,107 @@ def test_a_permit_taken_again_after_its_state_was_lost_keeps_its_partition_and_o
     beat.unregister(attempt.permit)
     sem.withdraw("t2:0")
     assert attempt.permit.release()
+
+
+def _stray(sem: Semaphore) -> None:
+    """A holder of ``sem`` that never refreshes (its lease is ``sem.lease_ttl``)."""
+    assert sem.acquire(blocking=False) is not None
+
+
+def _expired_leases(redis_client: redis.Redis, sem: Semaphore) -> int:
+    """Holders still in ``sem``'s state in Redis (read raw: no script, so no reclaim)."""
+    return int(redis_client.zcard(sem.keys.expiry))
+
+
+def test_a_semaphore_this_process_neither_holds_nor_waits_on_is_not_swept(
+    make_semaphore: SemaphoreFactory, redis_client: redis.Redis
+) -> None:
+    """Issue 31: an idle name costs nothing.  The heartbeat runs (it keeps another permit
+    alive) and ``idle`` was used here, but nobody here holds or waits on it: its expired lease
+    stays in Redis (the next script for the name takes it back) until a task waits for it
+    here; then the sweep takes it back within about a second."""
+    busy = make_semaphore("hb-busy", 1, lease_ttl=3)
+    idle = make_semaphore("hb-idle", 1, lease_ttl=0.3)
+    beat = Heartbeat()
+    held = busy.acquire(blocking=False)
+    assert held is not None
+    try:
+        beat.register(held, interval=1.0)
+        _stray(idle)
+        time.sleep(2.0)  # the lease expired long ago, and two rounds of the sweep passed
+        assert [s.name for s in beat.active()] == ["hb-busy"]
+        assert _expired_leases(redis_client, idle) == 1, "an idle name was swept"
+        beat.waited(idle, seconds=30)  # a task waits for it here (parked, held, in a slot)
+        assert {s.name for s in beat.active()} == {"hb-busy", "hb-idle"}
+        deadline = time.monotonic() + 5
+        while _expired_leases(redis_client, idle) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert _expired_leases(redis_client, idle) == 0, "the waited-on name was not swept"
+    finally:
+        beat.unregister(held)
+        beat.unwatch(idle)
+    assert held.release()
+
+
+def test_the_names_swept_are_those_held_waited_on_or_named_by_a_source(
+    make_semaphore: SemaphoreFactory,
+) -> None:
+    a, b, c, d = (make_semaphore(f"hb-active-{n}", 2, lease_ttl=5) for n in "abcd")
+    beat = Heartbeat()
+    assert beat.active() == []
+    permit = a.acquire(blocking=False)
+    assert permit is not None
+    beat.register(permit, interval=2.0)
+    beat.waited(b, seconds=0.3)
+    named: list[Semaphore] = [c]
+    beat.add_source(lambda: named)
+    beat.watch(d)  # pinned
+    assert {s.name for s in beat.active()} == {s.name for s in (a, b, c, d)}
+    time.sleep(0.4)  # b's mark ran out; c's source no longer names it; a ends; d unpinned
+    named.clear()
+    beat.unregister(permit)
+    beat.unwatch(d)
+    assert beat.active() == []
+    assert beat.watched() == []
+    assert permit.release()
+
+
+def test_a_failing_source_does_not_stop_the_sweep(make_semaphore: SemaphoreFactory) -> None:
+    sem = make_semaphore("hb-source-ok", 1, lease_ttl=5)
+    beat = Heartbeat()
+
+    def broken() -> list[Semaphore]:
+        raise RuntimeError("a gate that failed")
+
+    beat.add_source(broken)
+    beat.add_source(lambda: [sem])
+    assert beat.active() == [sem]
+
+
+def test_a_forced_release_is_counted_as_a_reclaim_and_an_expired_lease_is_not(
+    make_semaphore: SemaphoreFactory, redis_client: redis.Redis
+) -> None:
+    """The heartbeat that finds its task's permit gone says ``reclaimed`` with reason
+    ``forced`` when an operator released it (the reason they left), not otherwise."""
+    sem = make_semaphore("hb-forced", 2, lease_ttl=30)
+    beat = Heartbeat()
+    forced, expired = sem.acquire(blocking=False), sem.acquire(blocking=False)
+    assert forced is not None
+    assert expired is not None
+    seen: list[tuple[str, dict[str, Any]]] = []
+    unsubscribe = events.subscribe(lambda kind, fields: seen.append((kind, fields)))
+    lost = threading.Semaphore(0)
+    try:
+        assert sem.release_token(forced.token, timed=False, reason="forced by alice@ops-1")
+        redis_client.zadd(sem.keys.expiry, {"h:" + expired.token: 0}, xx=True)
+        for permit, task_id in ((forced, "t-forced"), (expired, "t-expired")):
+            beat.register(permit, interval=0.05, task_id=task_id, on_lost=lambda p: lost.release())
+        assert lost.acquire(timeout=5), "a loss was not reported"
+        assert lost.acquire(timeout=5), "a loss was not reported"
+    finally:
+        unsubscribe()
+    reclaims = [f for kind, f in seen if kind == "reclaimed" and f["name"] == "hb-forced"]
+    forced_ones = [(f["count"], f["task_id"]) for f in reclaims if f["reason"] == "forced"]
+    assert forced_ones == [(1, "t-forced")]  # (the expired lease: reason "expired", by a sweep)
+    lost_tasks = {f["task_id"] for kind, f in seen if kind == "lease_lost"}
+    assert lost_tasks >= {"t-forced", "t-expired"}

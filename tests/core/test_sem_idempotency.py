@@ -22,7 +22,7 @@ def _used(client: redis.Redis, sem: Semaphore) -> int:
 
 def _acquire_args(sem: Semaphore, ticket: str, weight: int, claim: str) -> list[object]:
     # the exact ARGV that try_acquire sends (see acquire.lua)
-    numbers = f"{weight} {sem.limit} 60000 0 1000 0 0 -1 1 2000"
+    numbers = f"{weight} {sem.limit} 60000 0 1000 0 0 -1 1 2000 1 0 0 -1 0"
     return [ticket, numbers, claim, json.dumps({}), "", ""]
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import itertools
 import multiprocessing
+import statistics
 import threading
 import time
 from collections.abc import Callable
@@ -358,6 +359,126 @@ def test_a_group_grant_counts_against_a_stored_rate(make_semaphore: SemaphoreFac
     assert [w.started for w in rated.inspect().rates] == [2]
 
 
+# -- spaced rates ----------------------------------------------------------------------------
+
+
+def _due_times(redis_client: Any, sem: Semaphore) -> list[float]:
+    """The starts key's scores, in order: each start's due time (server ms; its floor is the
+    server ms of its grant)."""
+    return [score for _, score in redis_client.zrange(sem.keys.starts, 0, -1, withscores=True)]
+
+
+@pytest.mark.timeout(30)
+def test_a_spaced_rate_starts_one_at_a_time_and_says_when_the_next_is_due(
+    make_semaphore: SemaphoreFactory, redis_client: Any
+) -> None:
+    rate = Rate(5, 1.0, spaced=True)  # one start every 0.2 s
+    sem = make_semaphore("spaced", 10, rate="5/s spaced", poll_interval=30.0, lease_ttl=30.0)
+    assert sem.rates == (rate,)
+    first = sem.acquire(blocking=False)
+    assert first is not None
+    # the window has room for 4 more and units are free, but the next start is not due yet
+    assert sem.acquire(blocking=False) is None
+    head = sem.try_acquire("head", place_ttl=30.0)
+    assert head.status is AttemptStatus.WAITING
+    assert head.position == 0
+    assert head.rate_retry_after is not None
+    assert 0 < head.rate_retry_after <= 0.2
+    behind = sem.try_acquire("behind", place_ttl=30.0)
+    assert behind.position == 1
+    assert behind.rate_retry_after is not None  # the next start's time, not its own turn
+    assert 0 < behind.rate_retry_after <= 0.2
+    [window] = sem.inspect().rates
+    assert window.rate == rate
+    assert str(window.rate) == "5/s spaced"
+    assert (window.started, window.available) == (1, 0)
+    assert 0 < window.opens_in <= 0.2
+    # nobody polls (30 s) and nobody releases: the head wakes by itself when its start is due
+    began = time.monotonic()
+    second = sem.acquire(ticket="head", timeout=5)
+    assert second is not None
+    assert time.monotonic() - began <= 0.2 + 0.3
+    # the head's start makes the next one due 0.2 s later: the one behind is told so
+    behind = sem.try_acquire("behind", place_ttl=30.0)
+    assert behind.status is AttemptStatus.WAITING
+    assert behind.position == 0
+    assert behind.rate_retry_after is not None
+    assert 0.1 < behind.rate_retry_after <= 0.2
+    first_at, second_at = _due_times(redis_client, sem)
+    assert second_at - first_at >= 200
+    held = {h.token: h.acquired_at for h in sem.inspect().holders}
+    assert held[second.token] - held[first.token] >= 0.2 - 0.001  # server clock, ms
+    for permit in (first, second):
+        permit.release()
+
+
+@pytest.mark.timeout(30)
+def test_spaced_starts_keep_their_interval_and_the_exact_rate(
+    make_semaphore: SemaphoreFactory, redis_client: Any
+) -> None:
+    """Starts asked for back to back: each is due period / count after the last, carrying
+    the fraction of a ms (10/3 ms here: never rounded up to 4, which would start 250 per
+    second instead of 300), and none comes before it is due."""
+    rate = Rate(300, 1.0, spaced=True)  # one every 3.33 ms; the window keeps 1 s of starts
+    sem = make_semaphore("exact", 10_000, rate=rate, lease_ttl=30.0)
+    granted = 0
+    end = time.monotonic() + 0.4
+    while time.monotonic() < end and granted < 200:
+        permit = sem.acquire(blocking=False)
+        if permit is not None:
+            granted += 1
+    due = _due_times(redis_client, sem)
+    assert len(due) == granted >= 20
+    gaps = [b - a for a, b in itertools.pairwise(due)]
+    # (a score near 1.7e12 ms has a precision of 2**-12 ms)
+    assert min(gaps) >= 10 / 3 - 0.001, gaps
+    # back-to-back starts are due 10/3 ms apart (on the server's clock the grants are then 3
+    # or 4 ms apart, 3.33 on average)
+    assert any(abs(gap - 10 / 3) < 0.001 for gap in gaps), gaps
+
+
+@pytest.mark.timeout(30)
+def test_spaced_starts_from_several_threads(
+    make_semaphore: SemaphoreFactory, redis_client: Any
+) -> None:
+    rate = Rate(40, 2.0, spaced=True)  # one start every 50 ms; the 2 s window keeps them all
+    sem = make_semaphore("threads", 50, rate=rate, lease_ttl=30.0, poll_interval=30.0)
+    stamps, _ = _run_threads(sem, threads=4, run_for=1.2, hold=0.0)
+    due = _due_times(redis_client, sem)
+    assert len(due) == len(stamps)
+    gaps = [b - a for a, b in itertools.pairwise(due)]
+    assert min(gaps) >= 50 - 0.001, gaps  # never closer than the interval (server clock)
+    # 1.2 s at 20/s: at most 25, never a burst of 40 (how many fewer depends on the CPU)
+    assert 5 <= len(stamps) <= 25
+    # the next start comes when it is due, not at the waiters' 30 s poll (a loaded machine
+    # delays the threads a little, so the bound is generous)
+    assert statistics.median(gaps) < 50 * 3, gaps
+
+
+def test_a_heavy_spaced_start_takes_its_weight_in_intervals(
+    make_semaphore: SemaphoreFactory,
+) -> None:
+    sem = make_semaphore("heavy", 10, rate="5/m spaced")  # one start every 12 s
+    assert sem.acquire(weight=3, blocking=False) is not None
+    attempt = sem.try_acquire("next", place_ttl=10.0)
+    assert attempt.rate_retry_after is not None
+    assert 35 < attempt.rate_retry_after <= 36  # 3 starts: 3 intervals
+    # a plain window would have let 2 more start at once
+    assert make_semaphore("heavy-plain", 10, rate="5/m").acquire(weight=3, blocking=False)
+    assert make_semaphore("heavy-plain", 10, rate="5/m").acquire(weight=2, blocking=False)
+
+
+def test_spaced_and_plain_windows_combine(make_semaphore: SemaphoreFactory) -> None:
+    sem = make_semaphore("mixed", 10, rate=["2/h", "10/s spaced"])
+    assert [str(r) for r in sem.rates] == ["10/s spaced", "2/h"]
+    assert sem.acquire(blocking=False) is not None
+    short, long = sem.inspect().rates
+    assert (short.rate.spaced, long.rate.spaced) == (True, False)
+    assert short.available == 0  # the spacing holds the next start for 0.1 s
+    assert 0 < short.opens_in <= 0.1
+    assert (long.available, long.opens_in) == (1, 0.0)
+
+
 # -- validation ----------------------------------------------------------------------------
 
 
@@ -377,6 +498,8 @@ def test_a_group_grant_counts_against_a_stored_rate(make_semaphore: SemaphoreFac
         (["1/s"] * 9, ValueError, r"use at most 8 windows"),
         (3.5, TypeError, r"rate=3.5 \(float\) is not accepted"),
         ([5], TypeError, r"rate=5 \(int\) is not accepted"),
+        ("5/s spacd", ValueError, r"rate='5/s spacd' is not accepted: .*\"5/s spaced\""),
+        ("5/s  Spaced", ValueError, r"rate='5/s  Spaced' is not accepted"),
     ],
 )
 def test_bad_rates_are_refused_naming_the_value(rate: Any, error: type, match: str) -> None:
@@ -395,6 +518,7 @@ def test_bad_rates_are_refused_naming_the_value(rate: Any, error: type, match: s
         (lambda: Rate(1, 2 * 86400.0), ValueError, r"below one start per day"),
         (lambda: Rate(1.5, 1.0), TypeError, r"count must be an int >= 1, got float"),  # type: ignore[arg-type]
         (lambda: Rate(1, "1s"), TypeError, r"period must be a number of seconds"),  # type: ignore[arg-type]
+        (lambda: Rate(1, 1.0, spaced=1), TypeError, r"spaced must be True or False, got int 1"),  # type: ignore[arg-type]
     ],
 )
 def test_bad_rate_objects_are_refused(build: Callable[[], Rate], error: type, match: str) -> None:
@@ -408,4 +532,9 @@ def test_good_rates_parse() -> None:
     )
     assert [str(r) for r in sem.rates] == ["7/0.25s", "100/s", "5/10s", "1/d"]
     assert sem.rates[0] == Rate(7, 0.25)
+    spaced = Semaphore("v", 1, rate=" 5 / 2m  spaced ", redis="redis://127.0.0.1:1/0").rates
+    assert spaced == (Rate(5, 120.0, spaced=True),)
+    assert str(spaced[0]) == "5/2m spaced"
+    assert spaced[0].interval == 24.0
+    assert repr(Rate(7, 0.25)) == "Rate(count=7, period_seconds=0.25)"
     assert Semaphore("v", 1, redis="redis://127.0.0.1:1/0").rates == ()

@@ -155,6 +155,20 @@ def test_expired_lease_is_reclaimed(client: Any, prefix: str) -> None:
     assert permit.lost
 
 
+def test_liveness_is_off_on_the_cluster_and_the_lease_alone_counts(
+    client: Any, prefix: str
+) -> None:
+    """The liveness records' one key cannot share a script with a semaphore's keys on a
+    cluster: a Semaphore given liveness_ttl works as without it (no record, leases only)."""
+    sem = Semaphore("live", 1, redis=client, key_prefix=prefix, lease_ttl=0.1, liveness_ttl=3.0)
+    permit = sem.acquire(blocking=False)
+    assert permit is not None
+    assert sem._live_arg == ""
+    assert client.exists(f"{prefix}:procs") == 0
+    time.sleep(0.3)
+    assert sem.acquire(blocking=False) is not None  # the lease, as ever
+
+
 def test_a_blocked_waiter_is_woken_by_the_release(client: Any, prefix: str) -> None:
     # poll_interval 1.8 s (below the 2 s socket timeout): a wake-up well under it came from
     # the release's push, not from polling

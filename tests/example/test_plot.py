@@ -18,8 +18,17 @@ from matplotlib.image import imread
 from matplotlib.lines import Line2D
 
 from example_project import plot
-from example_project.demo import DEFAULT_PNG, Limit, Run, _panels, argument_parser, write_plot
+from example_project.demo import (
+    DEFAULT_PNG,
+    Limit,
+    Run,
+    Sent,
+    _panels,
+    argument_parser,
+    write_plot,
+)
 from example_project.meter import Event
+from example_project.waits import waiting_steps
 
 
 def png_chunks(data: bytes) -> list[tuple[bytes, bytes]]:
@@ -175,7 +184,7 @@ def test_by_default_the_plot_goes_to_the_current_directory(
     monkeypatch.chdir(tmp_path)
     written, line = write_plot([plot.Panel("gpu", 4)], 1.0, DEFAULT_PNG)
     assert written == str(tmp_path / "celery-semaphore-demo.png")  # absolute, when printed
-    assert line == f"plot of concurrency over time: {written}"
+    assert line == f"plot of units in use and tasks waiting over time: {written}"
     check_matplotlib_png(Path(written))
 
 
@@ -200,3 +209,47 @@ def test_without_matplotlib_it_says_how_to_get_it(
         "pip install -e '.[demo]' (or `make demo`, which installs it)"
     )
     assert not path.exists()
+
+
+def test_tasks_waiting_per_queue_come_from_the_sends_and_the_body_starts() -> None:
+    """A task waits from its send to its body's start, on its queue, for the semaphore whose
+    service it calls; one that never started is not drawn."""
+    sent = {
+        "a": Sent("charge", "bulk", 100.0),
+        "b": Sent("charge", "bulk", 100.0),
+        "c": Sent("charge", "interactive", 101.0),
+        "d": Sent("transcode", "bulk", 100.5),
+        "never": Sent("charge", "bulk", 100.0),
+    }
+    events = [
+        Event(100.5, "payment-gateway", "bulk", "charge", "a", 1, 1, 1),
+        Event(101.0, "payment-gateway", "interactive", "charge", "c", 1, 2, 1),
+        Event(101.5, "gpu", "bulk", "transcode", "d", 2, 2, 2),
+        Event(102.0, "payment-gateway", "bulk", "charge", "a", -1, 1, 0),
+        Event(103.0, "payment-gateway", "bulk", "charge", "b", 1, 2, 1),
+    ]
+    steps = waiting_steps(sent, events, 100.0)
+    assert steps == {
+        ("payment-gateway", "bulk"): [(0.0, 2), (0.5, 1), (3.0, 0)],
+        # sent and started at the same instant: it never waited
+        ("payment-gateway", "interactive"): [(1.0, 0)],
+        ("gpu", "bulk"): [(0.5, 1), (1.5, 0)],
+    }
+
+    run = Run(redis.Redis(), "prefix", [Limit("payment-gateway", 3, {"bulk": 2})], started=100.0)
+    run.sent.update(sent)
+    run.record(events)
+    [panel] = _panels(run)
+    assert [(s.label, s.steps) for s in panel.waiting] == [
+        ("interactive waiting", [(1.0, 0)]),
+        ("bulk waiting", [(0.0, 2), (0.5, 1), (3.0, 0)]),
+    ]
+    fig = plot.figure([panel], 4.0)
+    left, right = fig.axes  # the units on the left, the tasks waiting on the right
+    assert (left.get_ylabel(), right.get_ylabel()) == (plot.Y_LABEL, plot.WAITING_LABEL)
+    entries = legend(left)
+    assert list(entries)[-2:] == ["interactive waiting", "bulk waiting"]
+    assert len(set(entries.values())) == len(entries), entries
+    [bulk] = [line for line in right.get_lines() if line.get_label() == "bulk waiting"]
+    assert bulk.get_linestyle() == ":"
+    assert np.asarray(bulk.get_ydata(), dtype=float).tolist() == [0, 2, 1, 0, 0]

@@ -96,6 +96,16 @@ def work(self: Any, tag: str, seconds: float = 0.05) -> str:
     return tag
 
 
+@app.task(bind=True)
+@limited("main", limit=LIMIT, lease_ttl=LEASE)
+def hog(self: Any, tag: str, n: int) -> str:
+    """A body that holds the GIL of its process for a while: one long C call (``sum`` over a
+    range never lets another thread of the process run until it returns)."""
+    with Body(tag):
+        sum(range(n))
+    return tag
+
+
 @app.task
 @limited("main", limit=LIMIT, lease_ttl=LEASE)
 def work_unbound(tag: str, seconds: float = 0.05) -> str:
@@ -189,7 +199,7 @@ def suicide(self: Any, tag: str) -> None:
     lease_ttl=LEASE,
     retry_backoff=0.05,
     retry_backoff_max=0.2,
-    wait_timeout=0.0,
+    slot_wait_timeout=0.0,
 )
 def no_retries_left(self: Any, tag: str, seconds: float = 0.2) -> str:
     with Body(tag):
@@ -203,7 +213,7 @@ def no_retries_left(self: Any, tag: str, seconds: float = 0.2) -> str:
     limit=LIMIT,
     lease_ttl=LEASE,
     max_wait=0.5,
-    wait_timeout=0.1,
+    slot_wait_timeout=0.1,
     retry_backoff=0.05,
     retry_backoff_max=0.1,
 )
@@ -218,7 +228,7 @@ def impatient(self: Any, tag: str) -> str:
     "main",
     limit=LIMIT,
     lease_ttl=LEASE,
-    wait_timeout=0.0,
+    slot_wait_timeout=0.0,
     retry_backoff=30.0,
     retry_backoff_max=30.0,
     retry_jitter=False,
@@ -393,4 +403,27 @@ def stacked(self: Any, customer: str, tag: str, seconds: float = 0.05) -> str:
     """Two stacked @limited: the shared db (2) and one per customer (1), all or nothing."""
     with Body(tag, "stack-db"), Body(f"{tag}+", f"stack-{customer}"):
         time.sleep(seconds)
+    return tag
+
+
+# -- confined failures: a per-key callable that raises fails its task, not the worker ----------
+
+TIERS = {"free": 1, "pro": LIMIT}
+
+
+@app.task(bind=True)
+@limited("tier:{tenant}", limit=lambda a: TIERS[a["tier"]], lease_ttl=LEASE)
+def by_tier(self: Any, tenant: str, tier: str, tag: str) -> str:
+    """Its limit is looked up per call: an unknown ``tier`` raises KeyError in the callable."""
+    with Body(tag, f"tier-{tenant}"):
+        time.sleep(0.02)
+    return tag
+
+
+@app.task(bind=True)
+@limited("main", limit=LIMIT, lease_ttl=LEASE, max_wait=4.0)
+def waits_four(self: Any, tag: str) -> str:
+    """Gives up 4 s after it first arrived, however it waited meanwhile (held, parked)."""
+    with Body(tag):
+        pass
     return tag

@@ -106,3 +106,22 @@ def adaptive_call(self: Any, tag: str) -> bool:
 def fixed_call(self: Any, tag: str) -> bool:
     """The same calls under a fixed limit: nothing backs off."""
     return _call_service("fixed")
+
+
+@app.task(bind=True, name=f"{_MOD}.rate_only")
+@limited("rate-only", limit=50, rate="2/s", lease_ttl=LEASE)
+def rate_only(self: Any, tag: str, seconds: float = 0.02) -> str:
+    """Far more units than slots, 2 starts per second: only the rate holds them back."""
+    with Body(tag, "rate-only"):
+        time.sleep(seconds)
+    return tag
+
+
+@app.task(bind=True, name=f"{_MOD}.rated_busy")
+@limited("rated-busy", limit=50, rate="2/s", lease_ttl=LEASE)
+def rated_busy(self: Any, tag: str, seconds: float = 0.02) -> str:
+    """50 units, 2 starts per second: the rate holds them back, also while other work fills
+    the pool (a grant is a start: none is made for a task no free slot starts)."""
+    with Body(tag, "rated-busy"):
+        time.sleep(seconds)
+    return tag

@@ -38,6 +38,11 @@ from .workers import Env, Worker, start_workers, stop_workers, wait_until
 
 pytestmark = pytest.mark.timeout(90)
 
+#: the short visibility_timeout test's database: kombu's Redis transport keeps one index of
+#: unacknowledged messages per database, and a worker with a 6 s visibility_timeout restores
+#: every message in it older than that, those of tests running beside this one included
+OWN_DB = 9
+
 NAME = proj_claims.NAME
 INCLUDE = {"include": ["tests.integration.proj_claims"]}
 #: what a worker logs when a copy gives up waiting (runtime._timeout)
@@ -51,8 +56,8 @@ def _nodes(env: Env, count: int = 2) -> list[Worker]:
     return start_workers(env, *({**spec, "name": f"claims{i}"} for i in range(count)))
 
 
-def _cleanup(env: Env, redis_server: RedisServer) -> None:
-    client = redis_server.client(0)
+def _cleanup(env: Env, redis_server: RedisServer, db: int = 0) -> None:
+    client = redis_server.client(db)
     delete_prefix(client, env.prefix)
     client.delete(env.queue)
     client.close()
@@ -131,7 +136,7 @@ def test_redelivered_copy_that_times_out_does_not_free_the_running_permit(
     """Limit 1, ``acks_late``, Redis broker with ``visibility_timeout=6`` (restored every
     second): the broker hands the task out again while its 20 s body runs; the redelivered
     copy parks behind its own running delivery and fails after ``max_wait=4``."""
-    url = redis_server.url(0)
+    url = redis_server.url(OWN_DB)
     options: dict[str, Any] = {
         "visibility_timeout": 6,
         "unacked_restore_interval": 1,
@@ -164,4 +169,4 @@ def test_redelivered_copy_that_times_out_does_not_free_the_running_permit(
         _check_one_inside(env, "v", "z", nodes)
     finally:
         stop_workers(nodes)
-        _cleanup(env, redis_server)
+        _cleanup(env, redis_server, OWN_DB)

@@ -160,7 +160,7 @@ def test_a_task_id_reused_after_the_first_parked_and_ran_runs_again(env: Env) ->
     """The first task had to wait and parked (no gate, no wait in the slot), so it was
     released with the long tombstone (minutes); the same id sent afterwards still runs."""
     env.limit = 1
-    env.extra = {**INCLUDE, "semaphore_worker_hold": 0, "semaphore_wait_timeout": 0.0}
+    env.extra = {**INCLUDE, "semaphore_worker_hold": 0, "semaphore_slot_wait_timeout": 0.0}
     worker = start_worker(env, pool="prefork", concurrency=2)
     task_id = f"report-user-42-{uuid.uuid4().hex[:8]}"
     app = env.client_app()

@@ -119,7 +119,7 @@ def test_fifo_within_each_partition(two_queues: tuple[Env, str, str], hold: int)
     time, so the fencing tokens give the grant order exactly), and the two lines alternate."""
     env, qa, qb = two_queues
     env.limit = 1
-    env.extra = {"semaphore_worker_hold": hold, "semaphore_wait_timeout": 0.0}
+    env.extra = {"semaphore_worker_hold": hold, "semaphore_slot_wait_timeout": 0.0}
     (node,) = start_workers(env, {"pool": "threads", "concurrency": 4, "queues": [qa, qb]})
     sem = semaphore(env, "fair", 1)
     app = env.client_app()

@@ -19,7 +19,7 @@ pytestmark = pytest.mark.timeout(120)
 def test_overlapping_pairs_never_deadlock(env: Env, hold: int) -> None:
     """Resources 0..4 in a ring, each limit 1; every task needs two neighbours (a cycle: with
     one-at-a-time acquisition this deadlocks).  All complete, no resource ever has two."""
-    env.extra = {"semaphore_worker_hold": hold, "semaphore_wait_timeout": 0.0}
+    env.extra = {"semaphore_worker_hold": hold, "semaphore_slot_wait_timeout": 0.0}
     spec = {"pool": "threads", "concurrency": 6}
     nodes = start_workers(env, spec, {**spec, "pool": "prefork", "concurrency": 3})
     app = env.client_app()

@@ -30,7 +30,7 @@ HOLDS = [pytest.param(1000, id="gate"), pytest.param(0, id="no-gate")]
 
 
 def _extra(hold: int) -> dict[str, Any]:
-    return {"semaphore_worker_hold": hold, "semaphore_wait_timeout": 0.0}
+    return {"semaphore_worker_hold": hold, "semaphore_slot_wait_timeout": 0.0}
 
 
 def _check_partitions(env: Env, send: Any, queues: list[str], worker_queues: list[str]) -> None:

@@ -19,11 +19,10 @@ import pytest
 
 from celery_semaphore import Rate, Semaphore
 from celery_semaphore.ops.testing import RedisServer
-from tests.conftest import delete_prefix
 
 from . import proj_rates
 from .helpers import holders, max_inside, reset_bookkeeping, semaphore, started_at
-from .workers import Env, Worker, start_workers, stop_workers, wait_until
+from .workers import Env, Worker, prefork_pair, wait_until
 
 pytestmark = pytest.mark.timeout(150)
 
@@ -35,22 +34,10 @@ SLACK = 0.4
 def nodes(
     request: pytest.FixtureRequest, redis_server: RedisServer
 ) -> Iterator[tuple[Env, list[Worker]]]:
-    extra: dict[str, object] = {"include": ["tests.integration.proj_rates"]}
-    if request.param == "no-gate":
-        extra["semaphore_worker_hold"] = 0
-    env = Env(redis_url=redis_server.url(0), broker_url=redis_server.url(0), extra=extra)
-    started = start_workers(
-        env,
-        {"pool": "prefork", "concurrency": 4, "name": "a"},
-        {"pool": "prefork", "concurrency": 4, "name": "b"},
-    )
-    try:
-        yield env, started
-    finally:
-        stop_workers(started)
-        client = redis_server.client(0)
-        delete_prefix(client, env.prefix)
-        client.delete(env.queue)
+    with prefork_pair(
+        redis_server, "tests.integration.proj_rates", gate=request.param == "gate"
+    ) as made:
+        yield made
 
 
 @pytest.fixture

@@ -6,7 +6,8 @@
   at most that many bodies at once), and ``semaphore_lease_ttl`` sets the holder's lease.
 * ``semaphore_limits`` in a real worker caps a threads pool below the code's limit.
 * An invalid value, or an unknown ``semaphore_*`` key (a typo), stops a real worker at start,
-  with a message naming the setting.
+  with a message naming the setting; so does a renamed setting given under both its names.
+* A renamed setting under its former name still works, and the worker's log warns of it once.
 * Decoration-time mistakes raise at once, with a message showing the right form.
 """
 
@@ -232,6 +233,11 @@ def test_semaphore_limits_in_a_real_worker(redis_server: RedisServer) -> None:
             "a cluster has only database 0",
         ),
         (
+            {"semaphore_wait_timeout": 5.0, "semaphore_slot_wait_timeout": 2.0},
+            "semaphore_wait_timeout=5.0 and semaphore_slot_wait_timeout=2.0 are both set",
+        ),
+        ({"semaphore_slot_waiters": 0}, "semaphore_slot_waiters=0 is not accepted"),
+        (
             {"broker_transport_options": {"visibility_timeout": "soon"}},
             "broker_transport_options['visibility_timeout']='soon' is not accepted: use a "
             "number of seconds > 0",
@@ -245,6 +251,8 @@ def test_semaphore_limits_in_a_real_worker(redis_server: RedisServer) -> None:
         "redis-option-typo",
         "sentinel-without-master",
         "cluster-db",
+        "renamed-both-names",
+        "new-name-bad-value",
         "visibility-timeout",
     ],
 )
@@ -267,6 +275,34 @@ def test_invalid_setting_stops_the_worker(
         assert "ready." not in node.log()  # it never started consuming
     finally:
         node.stop(timeout=5)
+        client = redis_server.client(0)
+        delete_prefix(client, env.prefix)
+        client.delete(env.queue)
+        client.close()
+
+
+def test_renamed_settings_work_and_warn_once_in_the_worker_log(redis_server: RedisServer) -> None:
+    """Former names start a worker (the tasks run) and its log warns once of each, naming the
+    new name, as Celery warns of its own renamed settings."""
+    url = redis_server.url(0)
+    extra = {"semaphore_wait_timeout": 0.0, "semaphore_standby": 1, "semaphore_worker_hold": 0}
+    env = Env(redis_url=url, broker_url=url, limit=1, extra=extra)
+    node = start_worker(env, pool="threads", concurrency=2)
+    try:
+        app = env.client_app()
+        results = [app.send_task(proj.work.name, (t, 0.05)) for t in ("r1", "r2")]
+        assert sorted(r.get(timeout=60) for r in results) == ["r1", "r2"]
+        text = node.output() + node.log()
+        for old, new in [
+            ("semaphore_wait_timeout", "semaphore_slot_wait_timeout"),
+            ("semaphore_standby", "semaphore_slot_waiters"),
+        ]:
+            said = f"The {old!r} setting is deprecated"
+            assert text.count(said) == 1, text[-4000:]
+            assert f"{said} and will be removed in a future version; use {new!r}" in text
+        assert "CDeprecationWarning" in text
+    finally:
+        node.stop()
         client = redis_server.client(0)
         delete_prefix(client, env.prefix)
         client.delete(env.queue)

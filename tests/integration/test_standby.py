@@ -205,3 +205,36 @@ def test_a_task_revoked_while_it_stands_by_never_runs_and_leaves_the_line(
     assert started(env) == ["q0", "q1", "t0", "after"]  # the victim never ran
     wait_until(lambda: victim.state == "REVOKED", 10, what="the victim is REVOKED")
     wait_until(lambda: not sem.holders() and not sem.waiters(), 10, what="nothing left")
+
+
+def test_a_standby_that_gives_up_leaves_the_line_at_once(
+    redis_server: RedisServer, cleanup: list[tuple[Env, list[Worker]]]
+) -> None:
+    """A task that stands by and is not granted within semaphore_slot_wait_timeout parks
+    without a place: the copy it re-publishes (here with a 10 s countdown) takes a new place
+    when it comes back.  Before, the place stayed in line for that copy, and under a deep
+    backlog (both nodes' gates full, the copy behind thousands of messages) the units sat
+    idle in front of it until the place expired, about a lease later."""
+    env, worker, app, sem = _node_turning_over(
+        redis_server,
+        cleanup,
+        concurrency=4,
+        semaphore_slot_wait_timeout=0.5,
+        semaphore_retry_backoff=10.0,
+        semaphore_retry_backoff_max=10.0,
+        semaphore_retry_jitter=False,
+    )
+    first = app.send_task(proj.work_how.name, ("t0", 4.0))
+    wait_until(lambda: len(sem.holders()) == 1, 20, what="t0 runs")
+    gives_up = app.send_task(proj.work_how.name, ("gives-up", 0.05))
+    ticket = f"{gives_up.id}:0"
+    wait_until(lambda: _standing(env, worker) == 1, 20, what="it stands by")
+    wait_until(lambda: _standing(env, worker) == 0, 10, what="it gave up")
+    # parked, its copy counting down in the broker: no place of its is left in line
+    assert ticket not in [w.ticket for w in sem.waiters()]
+    behind = app.send_task(proj.work_how.name, ("behind", 0.05))
+    assert first.get(timeout=30) == "t0"
+    assert behind.get(timeout=10) == "behind"  # the next unit went to the task behind it
+    assert gives_up.get(timeout=30) == "gives-up"  # its copy came back and ran
+    assert max_inside(env) == 1
+    wait_until(lambda: not sem.holders() and not sem.waiters(), 10, what="nothing left")

@@ -22,6 +22,9 @@ from typing import Any
 
 import redis
 from celery import Celery
+from kombu.exceptions import OperationalError
+
+from celery_semaphore.ops.testing import delete_prefix
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -189,7 +192,11 @@ def wait_ready(env: Env, worker: Worker, timeout: float) -> None:
         while time.monotonic() < deadline:
             if worker.process.poll() is not None:
                 raise RuntimeError(f"worker {worker.name} exited early:\n{worker.log()[-3000:]}")
-            replies = app.control.ping(destination=[worker.name], timeout=0.5)
+            try:
+                replies = app.control.ping(destination=[worker.name], timeout=0.5)
+            except (OSError, OperationalError):  # the broker dropped us (RabbitMQ under load)
+                time.sleep(0.2)
+                continue
             if replies:
                 return
         raise TimeoutError(f"worker {worker.name} not ready in {timeout}s:\n{worker.log()[-3000:]}")
@@ -243,3 +250,26 @@ def wait_until(predicate: Any, timeout: float, interval: float = 0.02, what: str
             return
         time.sleep(interval)
     raise TimeoutError(f"not reached within {timeout}s: {what}")
+
+
+@contextmanager
+def prefork_pair(redis_server: Any, include: str, gate: bool) -> Iterator[tuple[Env, list[Worker]]]:
+    """Two prefork nodes (``-c 4``, named a and b) loading the task module ``include``, with
+    the worker's gate on or off (``semaphore_worker_hold=0``: tasks wait in their slot or
+    park); their keys and queue deleted afterwards."""
+    extra: dict[str, object] = {"include": [include]}
+    if not gate:
+        extra["semaphore_worker_hold"] = 0
+    env = Env(redis_url=redis_server.url(0), broker_url=redis_server.url(0), extra=extra)
+    started = start_workers(
+        env,
+        {"pool": "prefork", "concurrency": 4, "name": "a"},
+        {"pool": "prefork", "concurrency": 4, "name": "b"},
+    )
+    try:
+        yield env, started
+    finally:
+        stop_workers(started)
+        client = redis_server.client(0)
+        delete_prefix(client, env.prefix)
+        client.delete(env.queue)

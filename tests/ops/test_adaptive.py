@@ -187,10 +187,11 @@ def test_a_pause_is_shown_and_holds_the_head(
     text = cli("show", "calm").stdout
     assert "\n  paused " in text
     rows = text.split("WAITERS (2)")[1].strip().splitlines()
-    assert rows[0].split()[-1] == "WHY"
+    assert rows[0].split()[-3:] == ["WHY", "IT", "WAITS"]
     assert rows[1].split()[:2] == ["0", "t9"]
     assert "held by a throttle pause: it ends in " in rows[1]
-    assert rows[2].endswith("parked in the broker  -")
+    # behind the head, the pause holds it too
+    assert "parked in the broker  adaptive pause: nobody starts for " in rows[2]
 
     [mine] = json.loads(cli("explain", "t9", "--json").stdout)
     assert (mine["free"], mine["needed"], mine["why"]["kind"]) == (3, 0, "pause")

@@ -209,8 +209,8 @@ def test_show_lists_holders_and_waiters(cli: Cli, make_semaphore: SemaphoreFacto
     assert "WAITERS (2)" in text
     waiter_lines = text.split("WAITERS (2)")[1].strip().splitlines()
     assert waiter_lines[1].split()[:3] == ["0", "t3", "ops.one"]
-    assert waiter_lines[1].endswith("waiting in a slot")
-    assert waiter_lines[2].endswith("parked in the broker")
+    assert waiter_lines[1].endswith("slot     semaphore full: 3 of 3 unit(s) in use, 0 free")
+    assert "parked in the broker  semaphore full" in waiter_lines[2]
 
 
 def test_show_says_how_each_waiter_waits(cli: Cli, make_semaphore: SemaphoreFactory) -> None:
@@ -230,7 +230,8 @@ def test_show_says_how_each_waiter_waits(cli: Cli, make_semaphore: SemaphoreFact
         ("d:0", "blocked (direct acquire)", None),
     ]
     text = cli("show", "ways").stdout
-    assert text.split("WAITERS (4)")[1].strip().splitlines()[1].endswith("held by celery@node-7")
+    first = text.split("WAITERS (4)")[1].splitlines()[2]
+    assert "held by celery@node-7     semaphore full" in first
     explained = cli("explain", "h").stdout
     assert "held by a worker (celery@node-7), off the pool" in explained
 
@@ -254,7 +255,11 @@ def test_explain_a_waiting_task(cli: Cli, make_semaphore: SemaphoreFactory) -> N
     assert sorted(h["task_id"] for h in why["holders"]) == ["t1", "t2"]
 
     text = cli("explain", "t4").stdout
-    assert "task t4 (ops.one) is waiting for semaphore 'alpha'" in text
+    assert text.startswith(
+        "task t4 (ops.one) waits for semaphore 'alpha' because the semaphore is full: 3 unit(s) "
+        "of its limit 3 are in use and 0 free, and it needs 1; the 1 waiter(s) ahead of it in "
+        "its line need 2 more.\n"
+    )
     assert "place in line: 1 (0 is the head); 1 waiter(s) ahead need 2 unit(s)" in text
     assert "cap: the semaphore's limit, 3 (code)" in text
     assert "estimate: about" in text

@@ -12,9 +12,11 @@ import time
 from pathlib import Path
 
 import pytest
+import redis
 from celery import Celery
 from prometheus_client import CollectorRegistry
 
+from celery_semaphore.core import liveness
 from celery_semaphore.integration import config, events
 from celery_semaphore.ops import metrics
 from tests.conftest import SemaphoreFactory
@@ -125,6 +127,7 @@ def test_events_feed_the_counters_and_histograms() -> None:
         events.emit("lease_lost", name="x", task_id="t5", token="t5:0")
         events.emit("reclaimed", name="x", count=3, reason="expired", task_id=None)
         events.emit("reclaimed", name="x", count=1, reason="crashed", task_id="t6")
+        events.emit("dropped", name="x", task_id="t7", task="a", reason="full")
     finally:
         unsubscribe()
     events.emit("acquired", name="x", task_id="t9", task="a", weight=1, wait=0.1)  # not counted
@@ -144,6 +147,7 @@ def test_events_feed_the_counters_and_histograms() -> None:
     assert value("celery_semaphore_lease_lost_total") == 1
     assert value("celery_semaphore_reclaimed_total", reason="expired") == 3
     assert value("celery_semaphore_reclaimed_total", reason="crashed") == 1
+    assert value("celery_semaphore_dropped_total", reason="full") == 1
 
 
 def test_a_failing_subscriber_never_reaches_the_emitter(caplog: pytest.LogCaptureFixture) -> None:
@@ -216,6 +220,34 @@ def test_the_collector_counts_expired_leases_whoever_took_them_back(
     assert value("celery_semaphore_leases_expired_total") == 2
     assert value("celery_semaphore_grants_total") == 3
     assert value("celery_semaphore_in_use") == 1
+
+
+def test_the_collector_counts_dead_process_holders_apart_from_expired_leases(
+    app: Celery, make_semaphore: SemaphoreFactory, redis_client: redis.Redis
+) -> None:
+    liveness.stop()  # this test's records are refreshed by its own calls only
+    alpha = make_semaphore("alpha", 3, liveness_ttl=30.0)
+    registry = CollectorRegistry()
+    registry.register(metrics.SemaphoreCollector(app))
+
+    def value(name: str) -> float | None:
+        return registry.get_sample_value(name, {"semaphore": "alpha"})
+
+    try:
+        assert value("celery_semaphore_process_died_total") == 0
+        expiring = alpha.try_acquire(alpha.new_ticket(), lease_ttl=0.1).permit
+        alpha._live_arg = "60000 ghost/9/abc"
+        assert expiring is not None
+        assert alpha.acquire(owner=owner("t1")) is not None
+        redis_client.zrem(liveness.procs_key(alpha.key_prefix), "ghost/9/abc")  # its process died
+        time.sleep(0.2)
+        alpha._live_arg = f"30000 {liveness.ident()}"
+        assert alpha.acquire(owner=owner("t2"), blocking=False) is not None  # reclaims both
+        assert value("celery_semaphore_process_died_total") == 1
+        assert value("celery_semaphore_leases_expired_total") == 1
+        assert value("celery_semaphore_in_use") == 1
+    finally:
+        liveness.stop()
 
 
 def test_the_collector_reports_redis_down_instead_of_failing() -> None:

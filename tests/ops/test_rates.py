@@ -112,13 +112,21 @@ def test_show_says_which_waiter_the_rate_holds_and_keeps_how_it_waits(
 
     text = cli("show", "alpha").stdout
     rows = text.split("WAITERS (2)")[1].strip().splitlines()
-    assert rows[0].split()[-2:] == ["HOW", "WHY"]
+    assert rows[0].split()[-4:] == ["HOW", "WHY", "IT", "WAITS"]
     head_row, behind_row = rows[1], rows[2]
     assert head_row.split()[:2] == ["0", "t3"]
     assert "waiting in a slot" in head_row
     assert "held by the rate 2/m: the window opens in " in head_row
     assert behind_row.split()[:2] == ["1", "t4"]
-    assert behind_row.endswith("parked in the broker  -")
+    # WHY IT WAITS: the rate for both (behind the head, it needs the room for two starts)
+    assert "parked in the broker  rate 2/m full: opens in " in behind_row
+    assert (head["reason"]["kind"], behind["reason"]["kind"]) == ("rate", "rate")
+    assert head["reason"]["text"] == why["text"]
+    assert behind["reason"]["because"].startswith(
+        "its rate window is full: the rate 2/m has room for 0 more start(s) now and it needs 2 "
+        "(its own and those ahead of it); the window opens in "
+    )
+    assert data["waiting_by_reason"]["rate"] == 2
 
 
 def test_explain_gives_the_rate_as_the_reason_and_when_it_ends(
@@ -164,7 +172,9 @@ def test_a_waiter_the_units_hold_is_not_held_by_the_rate(
     assert (window["started"], window["available"], window["opens_in"]) == (4, 6, 0.0)
     text = cli("show", "beta").stdout
     assert "\n  rate 10/m: 4 started, 6 available\n" in text  # no "opens in": it has room
-    assert "WHY" not in text
+    assert "semaphore full: 4 of 4 unit(s) in use, 0 free" in text
+    assert "held by the rate" not in text
+    assert data["waiter_list"][0]["reason"]["kind"] == "units"
     explained = cli("explain", "b2").stdout
     assert "held by the rate" not in explained
     assert "units to come free before its turn: 1" in explained

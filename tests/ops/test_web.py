@@ -548,6 +548,11 @@ def test_browser_shows_a_holder_come_and_go_and_a_waiters_place(
     browser.find_element("css selector", f'tr.waiter[data-task-id="{b}"] a.task-link').click()
     _until(browser, lambda d: "place in line: 0" in " ".join(_texts(d, "pre.explain")), "why")
     assert a in " ".join(_texts(browser, "pre.explain"))  # holding now
+    # why it waits, in one sentence first, above the facts
+    [sentence] = _texts(browser, "p.sentence")
+    assert sentence.startswith(f"task {b} (web.hold) waits for semaphore 'web' because the "), (
+        sentence
+    )
     _screenshot(browser, "explain")
     browser.back()
     _until(browser, lambda d: _texts(d, "#title code") == ["web"], "the detail page")
@@ -673,3 +678,47 @@ def test_browser_shows_the_effective_limit_and_a_waiter_held_by_a_pause(
             assert permit is not None
             permit.release()
         adaptive.set_limit_override(None)
+
+
+def test_browser_groups_the_waiters_by_queue_and_says_why_each_waits(
+    browser: Any, site: Site
+) -> None:
+    shared = Semaphore("queues-page", 3, redis=site.env.redis_url, key_prefix=site.env.prefix)
+    shared.set_limit_override(3)  # found by SCAN only: the override makes its limit known
+
+    def attempt(task_id: str, queue: str) -> Any:
+        owner = {"task_id": task_id, "task": "web.hold", "host": "script"}
+        cap = 2 if queue == "bulk" else None
+        return shared.try_acquire(
+            f"{task_id}:0", owner=owner, place_ttl=120, partition=queue, partition_cap=cap
+        )
+
+    permits = [attempt(t, q).permit for t, q in [("qb1", "bulk"), ("qb2", "bulk"), ("qi1", "i")]]
+    assert all(permits)
+    waiting = [("qb3", "bulk"), ("qi2", "i"), ("qb4", "bulk"), ("qi3", "i")]  # interleaved
+    assert [attempt(t, q).position for t, q in waiting] == [0, 0, 1, 1]
+    try:
+        browser.get(site.url + "/#/s/queues-page")
+        _until(browser, lambda d: len(_texts(d, "tr.waiter")) == 4, "the four waiters")
+        rows = browser.find_elements("css selector", "table.waiters tbody tr")
+        order = [r.get_attribute("data-task-id") or r.text for r in rows]
+        assert order == [
+            "Queue bulk: 2 in use of its cap 2, 2 waiting",
+            "qb3",
+            "qb4",
+            "Queue i: 1 in use (no cap), 2 waiting",
+            "qi2",
+            "qi3",
+        ]
+        assert _texts(browser, "tr.waiter td.position") == ["0", "1", "0", "1"]
+        whys = _texts(browser, "tr.waiter td.why")
+        assert whys[0] == "queue bulk at its cap: 2 of 2 unit(s) in use"
+        assert whys[2] == "semaphore full: 3 of 3 unit(s) in use, 0 free"
+        assert browser.find_elements("css selector", "span.bar.unknown") == []
+    finally:
+        for task_id, _ in waiting:
+            shared.withdraw(f"{task_id}:0")
+        for permit in permits:
+            assert permit is not None
+            permit.release()
+        shared.set_limit_override(None)

@@ -11,9 +11,9 @@ import pytest
 from celery import Celery
 
 from celery_semaphore.core.semaphore import AttemptStatus, Semaphore
-from celery_semaphore.integration.body import _ask
-from celery_semaphore.integration.delivery import CLAIM_CHAIN, WaitState
+from celery_semaphore.integration.asking import ask
 from celery_semaphore.integration.locks import semaphore_for
+from celery_semaphore.integration.wait_state import CLAIM_CHAIN, WaitState
 from celery_semaphore.ops.testing import RedisServer
 
 
@@ -48,7 +48,7 @@ def test_a_copy_takes_back_its_previous_claims_grant_when_the_reply_is_lost(
     assert sem.try_acquire("t:0", claim=before).permit is not None
     first = _resend_every_release(sem, monkeypatch)
 
-    attempt = _ask(sem, "t:0", WaitState(epoch=1, claim_before=before), claim=now, epoch=1)
+    attempt = ask(sem, "t:0", WaitState(epoch=1, claim_before=before), claim=now, epoch=1)
 
     assert first == [True]  # the give-back ran (its answer lost), the re-sent call found nothing
     assert attempt.status is AttemptStatus.GRANTED
@@ -67,7 +67,7 @@ def test_a_copy_leaves_alone_a_grant_held_under_another_live_claim(
     assert held.permit is not None
     first = _resend_every_release(sem, monkeypatch)
 
-    attempt = _ask(sem, "t:0", WaitState(epoch=1, claim_before=before), claim=now, epoch=1)
+    attempt = ask(sem, "t:0", WaitState(epoch=1, claim_before=before), claim=now, epoch=1)
 
     assert first == [False]
     assert attempt.status is AttemptStatus.HELD_ELSEWHERE
@@ -92,7 +92,7 @@ def test_a_copy_takes_back_a_grant_of_an_earlier_delivery_that_a_failed_one_coul
     on_the_wire = WaitState.from_headers(parked_by_third.header(0), 0)
     assert on_the_wire == parked_by_third
 
-    attempt = _ask(sem, "t:0", on_the_wire, claim=fourth, epoch=3)
+    attempt = ask(sem, "t:0", on_the_wire, claim=fourth, epoch=3)
 
     assert attempt.status is AttemptStatus.GRANTED
     assert attempt.permit is not None

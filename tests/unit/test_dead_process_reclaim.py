@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 
 from celery_semaphore import Semaphore
-from celery_semaphore.integration.body import _reclaim_from_dead_process
 from celery_semaphore.integration.delivery import host_owner
+from celery_semaphore.integration.slot import _reclaim_from_dead_process
 
 SemaphoreFactory = Callable[..., Semaphore]
 
@@ -74,3 +74,39 @@ def test_a_grant_made_meanwhile_under_another_claim_is_never_released(
     assert _reclaim_from_dead_process(sem, ticket) is False
     assert [h.token for h in sem.holders()] == [ticket]
     sem.release_token(ticket, claim="dead-delivery")
+
+
+def test_a_grant_taken_back_on_a_lost_state_is_not_run(
+    make_semaphore: SemaphoreFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The permit of the dead process is taken back, and the copy is granted; but the grant
+    was made on a state Redis lost (a restart, faked here): it is given back and the copy
+    parks, never running on the grant it gave back.  (Before, the copy ran on it.)"""
+    from celery_semaphore.core.exceptions import SemaphoreBackendError
+    from celery_semaphore.integration import asking, slot
+    from celery_semaphore.integration.wait_state import WaitState
+
+    sem = make_semaphore("dead-lost", 1)
+    ticket = _held_by(sem, **_here())
+
+    def lost(lock: Any) -> None:
+        raise SemaphoreBackendError("the state was lost")
+
+    monkeypatch.setattr(asking, "lost_at_grant", lambda lock, permit: True)
+    monkeypatch.setattr(asking, "quarantine_guard", lost)
+    monkeypatch.setattr(slot, "quarantine_guard", lambda lock: None)
+    monkeypatch.setattr(slot, "log_unavailable", lambda task, sem, exc: None)
+    parked: list[str] = []
+
+    def park(run: Any, state: Any, t: str, common: Any, registered: bool) -> Any:
+        parked.append(t)
+        return "parked"
+
+    monkeypatch.setattr(slot, "park", park)
+    held = sem.try_acquire(ticket, claim="copy")  # the dead delivery holds it
+    assert held.permit is None
+    run: Any = type("Run", (), {"sem": sem, "task": None})()
+    out: Any = slot._take_over(run, WaitState(), ticket, {"claim": "copy"}, held)
+    assert out == "parked"
+    assert parked == [ticket]
+    assert sem.holders() == []  # the grant went back

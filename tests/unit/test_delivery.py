@@ -7,6 +7,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from celery_semaphore import SemaphoreRequestError
 from celery_semaphore.integration import delivery
 from celery_semaphore.integration.delivery import (
     GATE_HEADER,
@@ -16,8 +17,8 @@ from celery_semaphore.integration.delivery import (
     Directive,
     IllegalMove,
     Stage,
-    WaitState,
 )
+from celery_semaphore.integration.wait_state import WaitState
 
 
 def test_every_stage_has_its_moves_and_the_last_ones_have_none() -> None:
@@ -99,3 +100,29 @@ def test_a_delivery_arriving_starts_its_wait_and_knows_a_redelivery() -> None:
     assert (fresh.takeover, fresh.partition) == (False, "a")
     again = WaitState(1, 1, 5.0).on_arrival(redelivered=True, partition="b")
     assert (again.first_wait, again.takeover, again.partition) == (5.0, True, "b")
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("e", float("inf")),
+        ("e", float("nan")),
+        ("e", -1),
+        ("e", "3"),
+        ("n", 1.5),
+        ("n", [1]),
+        ("t0", float("inf")),
+        ("t0", "yesterday"),
+        ("t0", -5.0),
+    ],
+)
+def test_a_malformed_wait_header_is_a_clear_error(field: str, value: object) -> None:
+    raw = {"r": 0, "e": 1, "n": 2, "t0": 1_700_000_000.0, field: value}
+    with pytest.raises(SemaphoreRequestError) as info:
+        WaitState.from_headers(raw, 0)
+    assert "'semaphore_wait' header is malformed" in str(info.value)
+    assert repr(field) in str(info.value)
+
+
+def test_a_wait_header_of_another_attempt_is_void_even_if_malformed() -> None:
+    assert WaitState.from_headers({"r": 3, "e": float("inf")}, 0) == WaitState()

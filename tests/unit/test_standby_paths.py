@@ -200,14 +200,14 @@ def test_a_standby_waiter_is_shown_as_standing_by() -> None:
 def test_a_task_with_a_time_limit_is_not_sent_ahead() -> None:
     from types import SimpleNamespace
 
-    from celery_semaphore.integration.gate import _time_limited
+    from celery_semaphore.integration.gate.reqs import time_limited
 
     def req(limits: object, soft: object = None, hard: object = None) -> object:
         task = SimpleNamespace(soft_time_limit=soft, time_limit=hard)
         return SimpleNamespace(time_limits=limits, task=task)
 
-    assert not _time_limited(req((None, None)))
-    assert _time_limited(req((5, None)))  # from the message (apply_async(soft_time_limit=5))
-    assert _time_limited(req((None, 10)))
-    assert _time_limited(req((None, None), soft=3))  # the task's own
-    assert _time_limited(req((None, None), hard=30))
+    assert not time_limited(req((None, None)))
+    assert time_limited(req((5, None)))  # from the message (apply_async(soft_time_limit=5))
+    assert time_limited(req((None, 10)))
+    assert time_limited(req((None, None), soft=3))  # the task's own
+    assert time_limited(req((None, None), hard=30))

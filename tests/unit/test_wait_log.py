@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 
 from celery_semaphore.core import clock as core_clock
-from celery_semaphore.integration import gate as gate_module
-from celery_semaphore.integration.gate import WAIT_INFO_EVERY, Gate
+from celery_semaphore.integration.gate import waitlog as waitlog_module
+from celery_semaphore.integration.gate.waitlog import WAIT_INFO_EVERY, WaitLog
 from tests.log_records import LogRecords
 
 
@@ -40,12 +40,15 @@ def records() -> Iterator[LogRecords]:
 
 
 def _entry(name: str, n: int) -> Any:
-    """What _log_wait reads of a held task's entry."""
+    """What WaitLog.log reads of a held task's entry."""
     return SimpleNamespace(
         req=SimpleNamespace(name="proj.charge", id=f"t{n}"),
         sem=SimpleNamespace(name=name, limit=3),
         position=n,
         counted=True,
+        ready=True,
+        retry_at=0.0,
+        ticket=f"t{n}:0",
     )
 
 
@@ -58,11 +61,10 @@ def test_one_info_line_per_semaphore_per_period_with_the_count(
 ) -> None:
     clock = _Clock()
     monkeypatch.setattr(core_clock, "monotonic", clock)
-    gate = Gate.__new__(Gate)  # _log_wait needs no consumer or Redis
-    gate._wait_info = {}
+    waits = WaitLog()  # needs no consumer or Redis
     for n in range(5):  # a flood on "a", and one wait on "b"
-        gate._log_wait(_entry("a", n))
-    gate._log_wait(_entry("b", 0))
+        waits.log(_entry("a", n))
+    waits.log(_entry("b", 0))
     info = _lines(records, logging.INFO)
     assert len(info) == 2, info
     assert "[semaphore=a task=t0] task proj.charge waits (limit 3, position 0)" in info[0]
@@ -71,10 +73,10 @@ def test_one_info_line_per_semaphore_per_period_with_the_count(
     assert len(_lines(records, logging.DEBUG)) == 4  # t1..t4 on "a"
 
     clock.now += WAIT_INFO_EVERY - 0.1  # still within the period: DEBUG only
-    gate._log_wait(_entry("a", 5))
+    waits.log(_entry("a", 5))
     assert len(_lines(records, logging.INFO)) == 2
     clock.now += 0.1  # the period is over: INFO again, with the count of the quiet ones
-    gate._log_wait(_entry("a", 6))
+    waits.log(_entry("a", 6))
     info = _lines(records, logging.INFO)
     assert len(info) == 3, info
     assert "task=t6" in info[2]
@@ -82,17 +84,31 @@ def test_one_info_line_per_semaphore_per_period_with_the_count(
     assert len(_lines(records, logging.DEBUG)) == 5
 
     clock.now += WAIT_INFO_EVERY  # nobody waited quietly since: no count
-    gate._log_wait(_entry("a", 7))
+    waits.log(_entry("a", 7))
     assert "meanwhile" not in _lines(records, logging.INFO)[3]
 
 
 def test_the_table_of_semaphores_is_bounded(
     records: LogRecords, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(gate_module, "WAIT_INFO_NAMES", 3)
-    gate = Gate.__new__(Gate)
-    gate._wait_info = {}
+    monkeypatch.setattr(waitlog_module, "WAIT_INFO_NAMES", 3)
+    waits = WaitLog()
     for n in range(10):
-        gate._log_wait(_entry(f"api:{n}", 0))
-    assert list(gate._wait_info) == ["api:7", "api:8", "api:9"]
+        waits.log(_entry(f"api:{n}", 0))
+    assert list(waits._wait_info) == ["api:7", "api:8", "api:9"]
     assert len(_lines(records, logging.INFO)) == 10  # every name's first wait at INFO
+
+
+def test_the_line_says_what_the_wait_ends_with(
+    records: LogRecords, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    clock = _Clock()
+    monkeypatch.setattr(core_clock, "monotonic", clock)
+    waits = WaitLog()
+    by_rate = _entry("rated", 0)
+    by_rate.retry_at = clock.now + 0.4
+    for entry in (_entry("plain", 2), by_rate):
+        waits.log(entry)
+    info = _lines(records, logging.INFO)
+    assert info[0].endswith("until a release wakes it"), info
+    assert info[1].endswith("until its rate window lets it start (in 0.4s)"), info

@@ -6,6 +6,8 @@
 --                                         state any more), the token's tombstone
 --                           'w:'..ticket  a waiter's place in line
 --                           'd:'..token   a tombstone set aside by a new grant (see grant())
+--                           'x:'..ticket  a waiter whose place another took (acquire.lua's
+--                                         keep_newest): its next call learns so (DROPPED)
 --   KEYS[2] state   HASH  counters:  used (units held), seq (arrival counter),
 --                                    fence (grant counter), limit_override (runtime limit, optional),
 --                                    pused (units held by partitions other than ''),
@@ -14,7 +16,8 @@
 --                                    first release), reclaimed (leases taken back after expiry,
 --                                    ever; absent before the first),
 --                                    rate (the rate windows, "<count> <period ms> ..." by
---                                    period; written by acquire.lua, the last acquirer's
+--                                    period, a spaced window's period followed by 's' (see
+--                                    "Rates" below); written by acquire.lua, the last acquirer's
 --                                    counts; absent: no rate; "=<count> <period ms> ...": a
 --                                    runtime rate override, which acquire.lua never
 --                                    overwrites: only set_rate_override(None) removes it),
@@ -33,15 +36,26 @@
 --                                       (for '' only when its cap or weight is not the default;
 --                                       its used is then 0 here: used - pused is what it holds)
 --                         (#x is the length of x in bytes; owner is JSON text, stored as given and
---                         never parsed here; data is the wake data, '' for a blocked waiter)
+--                         never parsed here; data is the wake data, '' for a blocked waiter; a
+--                         leading '~' marks a waiter that is not ready (see acquire.lua): it keeps
+--                         its place, but entitled() passes over it, so it is never granted or
+--                         named; the data after the '~' is its wake data)
 --   KEYS[3] line    ZSET  all scores 0, so ordered by member, which is
---                           <#partition, 4 digits><partition><seq, 15 digits><ticket>
---                         : grouped by partition, FIFO (arrival number) within one.  One
---                         ZRANGEBYLEX finds the head of a partition, or of the next partition.
+--                           <#partition, 4 digits><partition><order><ticket>
+--                         : grouped by partition, by order within one.  One ZRANGEBYLEX finds
+--                         the head of a partition, or of the next partition.  <order> (the
+--                         waiter field's <seq>, compared as text) is either
+--                           '1' <key, 14 digits> <seq, 15 digits> <priority, 1 digit>
+--                         with key = arrival ms + 10^13 - priority * priority step ms (a
+--                         higher priority stands as if it had come that much earlier), or,
+--                         in lines written before priorities, <seq, 15 digits>, which starts
+--                         with '0' and so sorts before every keyed member (they came first).
 --   KEYS[4] starts  ZSET  only used while a rate is set: one member per start (grant), score =
---                         its server ms, member = <total weight started so far, this start
---                         included, 17 digits> <weight>; so the starts after a time are
---                         (the last member's total) - (the first such member's total - weight).
+--                         its server ms (with a spaced window: its due time, see "Rates"
+--                         below, less than 1 ms later and fractional), member = <total weight
+--                         started so far, this start included, 17 digits> <weight>; so the
+--                         starts after a time are (the last member's total) - (the first such
+--                         member's total - weight).
 --                         Members older than the longest window are trimmed at each start, and
 --                         the key expires one longest window (+ 1 s) after the last start.
 -- A holder has its 'h:' member in expiry and its 'h:' field in state; a waiter its 'w:' member,
@@ -88,6 +102,14 @@
 local F = {}
 
 local K_EXP, K_STATE, K_LINE, K_RATE = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+-- The liveness records of the key prefix (docs/concepts.md, "Liveness"): a ZSET, member = a
+-- process's ident, score = the server ms at which its record expires.  Declared last, after
+-- the four keys of the semaphore (KEYS[5]), only when the caller's liveness is on (never on a
+-- Redis Cluster, where it cannot share a script with a semaphore's keys); false otherwise.
+-- A record is written before its process's first grant (acquire.lua writes it in the same
+-- step), so a holder whose ident has no record, or an expired one, belongs to a dead process.
+local K_PROCS = KEYS[#KEYS]
+if #KEYS % 4 ~= 1 or #KEYS < 5 then K_PROCS = false end
 
 local CAN_DISPATCH = ARGV[#ARGV] == '1'
 
@@ -97,17 +119,25 @@ local CAN_DISPATCH = ARGV[#ARGV] == '1'
 -- default, no cap and weight 1).
 local now, now_text, used, limit_override, waiting, reclaimed = 0, '0', 0, false, 0, 0
 local pused, default_record = 0, false
--- The rate, set by begin(): false (none), or {windows = {{count, period ms}...}, max_p = the
--- longest period, min_n = the smallest count, text = as stored}; rate_total and rate_last: the
--- total weight started and the score of the last start (the starts key's last member).  A
--- script that sets a rate (acquire.lua) puts its text in rate_arg before calling begin().
+-- The rate, set by begin(): false (none), or {windows = {{count, period ms, spaced}...},
+-- max_p = the longest period, min_n = the smallest count, space = the interval per unit of
+-- weight of the slowest spaced window (period / count, ms; false: none is spaced), text = as
+-- stored}; rate_total, rate_last and rate_last_w: the total weight started, the score and the
+-- weight of the last start (the starts key's last member).  A script that sets a rate
+-- (acquire.lua) puts its text in rate_arg before calling begin().
 local rate, rate_total, rate_last, rate_arg, rate_stored = false, 0, 0, nil, false
+local rate_last_w = 0
 -- Set by entitled(): the rate left free units unserved (see name_heads()); name_rate_heads:
 -- collect_wakes() then names the heads (a script whose caller is a waiter polling turns it off).
 local rate_blocked, name_rate_heads = false, true
 -- The adaptive state, set by begin(): false (no 'aimd' field), or {cwnd, acc, fence, till,
 -- pause} (see "Adaptive limits" above).
 local aimd = false
+-- The state's 'live' field, decoded by begin(): {ident = {token, ...}}, the holders granted
+-- with a liveness ident, by ident (false: none); live_of: token -> ident; dead: the idents
+-- whose record has expired (read by begin() when K_PROCS); died: holders reclaimed by this call
+-- because their process's record expired; grant_ident: set by acquire.lua before a grant.
+local live, live_of, dead, died, grant_ident = false, false, false, 0, false
 
 -- Group scripts work on several semaphores, four KEYS each (member i: KEYS[4i-3 .. 4i]); use(i)
 -- makes member i the one every function here works on, keeping each member's counters.
@@ -145,19 +175,31 @@ function F.rate_overridden(text)
   return text and string.sub(text, 1, 1) == '='
 end
 
--- The rate windows of a rate text ("<count> <period ms> ...", an override's with a leading
--- '='), or false for ''.
+-- The rate windows of a rate text ("<count> <period ms>[s] ...", an override's with a
+-- leading '='), or false for ''.
 function F.parse_rate(text)
   if not text or text == '' then return false end
-  local windows, max_p, min_n = {}, 0, math.huge
-  for n, p in string.gmatch(text, '(%d+) (%d+)') do
+  local windows, max_p, min_n, space = {}, 0, math.huge, false
+  for n, p, s in string.gmatch(text, '(%d+) (%d+)(s?)') do
     n, p = tonumber(n), tonumber(p)
-    windows[#windows + 1] = {n, p}
+    windows[#windows + 1] = {n, p, s == 's'}
     if p > max_p then max_p = p end
     if n < min_n then min_n = n end
+    if s == 's' and (not space or p / n > space) then space = p / n end
   end
   if #windows == 0 then return false end
-  return {windows = windows, max_p = max_p, min_n = min_n, text = text}
+  return {windows = windows, max_p = max_p, min_n = min_n, space = space, text = text}
+end
+
+-- The last start (the starts key's last member) into rate_total, rate_last, rate_last_w.
+function F.read_last_start()
+  rate_total, rate_last, rate_last_w = 0, 0, 0
+  local last = redis.call('ZRANGE', K_RATE, -1, -1, 'WITHSCORES')
+  if last[1] then
+    local total, w = string.match(last[1], '^(%d+) (%d+)')
+    rate_total, rate_last_w = tonumber(total) or 0, tonumber(w) or 0
+    rate_last = tonumber(last[2]) or 0
+  end
 end
 
 -- The first thing every script does.  Reads the keys (see "Foreign data" above; the starts key
@@ -173,7 +215,7 @@ function F.begin(...)
     expired = redis.call('ZRANGEBYSCORE', K_EXP, '-inf', now_text, 'LIMIT', 0, 64)
   end
   local vals = redis.call('HMGET', K_STATE, 'used', 'limit_override', 'pused', 'p:', 'rate',
-    'aimd', ...)
+    'aimd', 'live', ...)
   waiting = redis.call('ZCARD', K_LINE)
   rate_stored = vals[5]
   if rate_arg ~= nil and not F.rate_overridden(rate_stored) then
@@ -181,19 +223,15 @@ function F.begin(...)
   else
     rate = F.parse_rate(rate_stored)
   end
-  rate_total, rate_last = 0, 0
-  if rate then
-    local last = redis.call('ZRANGE', K_RATE, -1, -1, 'WITHSCORES')
-    if last[1] then
-      rate_total = tonumber(string.match(last[1], '^(%d+)')) or 0
-      rate_last = tonumber(last[2]) or 0
-    end
-  end
+  rate_total, rate_last, rate_last_w = 0, 0, 0
+  if rate then F.read_last_start() end
   -- all the keys have been read: from here on, writes are safe
   used = tonumber(vals[1]) or 0
   limit_override = vals[2]
   pused = tonumber(vals[3]) or 0
   default_record = vals[4]
+  live, live_of, dead = false, false, false
+  if vals[7] then F.load_live(vals[7]) end
   aimd = false
   if vals[6] then
     local c, a, f, u, p = string.match(vals[6], '^(%d+) (%d+) (%d+) (%d+) (%d+)$')
@@ -208,7 +246,8 @@ function F.begin(...)
     end
   end
   if expired then F.reclaim(expired, vals, ...) end
-  return unpack(vals, 7, 6 + select('#', ...))
+  if dead then F.reclaim_dead(vals, ...) end
+  return unpack(vals, 8, 7 + select('#', ...))
 end
 
 -- The limit in force: the runtime override, else the caller's.  (An adaptive limit lowers
@@ -239,6 +278,7 @@ function F.grant(ticket, weight, weight_text, claim, owner, lease_ms, fence, par
     redis.call('ZADD', K_EXP, expiry, 'h:' .. ticket)
   end
   local holder = F.encode_holder(weight_text, fence, aside, claim, part, owner)
+  if grant_ident then F.live_add(ticket, grant_ident) end
   if part == '' then
     redis.call('HSET', K_STATE, 'used', used, 'fence', fence, 'h:' .. ticket, holder)
   else
@@ -304,6 +344,7 @@ function F.release_holder(token, held, claim, tomb_ms, hold_avg, timed, limit)
     redis.call('HSET', K_STATE, 'used', used)
   end
   redis.call('HDEL', K_STATE, 'h:' .. token)
+  if live_of and live_of[token] then F.live_drop(token) end
   redis.call('ZADD', K_EXP, now + tomb_ms, 'h:' .. token)
   if aside then redis.call('ZREM', K_EXP, 'd:' .. token) end  -- this release's counts now
   if part ~= '' then F.set_pused(math.max(0, pused - weight)) end
@@ -316,18 +357,104 @@ end
 -- reclaiming, wake-ups): made on first use, see F above.
 local function define_rest()
 
+-- The state's 'live' field (`raw`, JSON) into live and live_of; with K_PROCS, the idents whose
+-- record has expired (or is gone) into dead.  One ZSCORE per process holding units here.
+function F.load_live(raw)
+  local ok, value = pcall(cjson.decode, raw)
+  if not ok or type(value) ~= 'table' then return end
+  live, live_of = value, {}
+  for ident, tokens in pairs(value) do
+    for _, token in ipairs(tokens) do live_of[token] = ident end
+    if K_PROCS then
+      local score = redis.call('ZSCORE', K_PROCS, ident)
+      if not score or tonumber(score) <= now then
+        dead = dead or {}
+        dead[#dead + 1] = ident
+      end
+    end
+  end
+end
+
+function F.store_live()
+  if next(live) == nil then
+    redis.call('HDEL', K_STATE, 'live')
+    live, live_of = false, false
+  else
+    redis.call('HSET', K_STATE, 'live', cjson.encode(live))
+  end
+end
+
+-- `token` was granted to a process with liveness ident `ident`.
+function F.live_add(token, ident)
+  if not live then live, live_of = {}, {} end
+  local tokens = live[ident]
+  if not tokens then
+    tokens = {}
+    live[ident] = tokens
+  end
+  tokens[#tokens + 1] = token
+  live_of[token] = ident
+  F.store_live()
+end
+
+-- `token` holds no more (released or reclaimed).
+function F.live_drop(token)
+  local ident = live_of[token]
+  live_of[token] = nil
+  local tokens, kept = live[ident] or {}, {}
+  for _, t in ipairs(tokens) do
+    if t ~= token then kept[#kept + 1] = t end
+  end
+  if #kept == 0 then live[ident] = nil else live[ident] = kept end
+  F.store_live()
+end
+
+-- The holders of the processes in `dead` are reclaimed now (at most 64 per call, the next call
+-- continues), as an expired lease is, and counted in the state's 'died'; the dead records are
+-- removed from K_PROCS (absent means dead: see K_PROCS).
+function F.reclaim_dead(vals, ...)
+  local members = {}
+  for _, ident in ipairs(dead) do
+    for _, token in ipairs(live[ident] or {}) do
+      if #members < 64 then members[#members + 1] = 'h:' .. token end
+    end
+  end
+  redis.call('ZREM', K_PROCS, unpack(dead))
+  dead = false
+  if #members == 0 then return end
+  local before = reclaimed
+  F.reclaim(members, vals, ...)
+  died = died + reclaimed - before
+  if reclaimed > before then redis.call('HINCRBY', K_STATE, 'died', reclaimed - before) end
+end
+
+-- acquire.lua's liveness argument ("<ttl ms> <ident>", '' for none): the caller's record is
+-- written (extended, never shortened) before it is granted anything, and its grants are
+-- recorded under its ident.  Without K_PROCS (liveness off, or a Redis Cluster) nothing.
+function F.live_caller(arg)
+  if not K_PROCS or arg == nil or arg == '' then return end
+  local ttl, ident = string.match(arg, '^(%d+) (%S+)$')
+  if not ttl then return end
+  local until_ms = now + tonumber(ttl)
+  local score = tonumber(redis.call('ZSCORE', K_PROCS, ident))
+  if not score or score < until_ms then redis.call('ZADD', K_PROCS, until_ms, ident) end
+  grant_ident = ident
+end
+
+
 function F.use(i)
   if i == current then return end
   members[current] = {used, limit_override, waiting, reclaimed, pused, default_record, rate,
-                      rate_total, rate_last, rate_stored, aimd}
+                      rate_total, rate_last, rate_stored, aimd, rate_last_w, live, live_of}
   K_EXP, K_STATE, K_LINE, K_RATE = KEYS[4 * i - 3], KEYS[4 * i - 2], KEYS[4 * i - 1], KEYS[4 * i]
   local saved = members[i]
   if saved then
     used, limit_override, waiting, reclaimed, pused, default_record, rate, rate_total,
-      rate_last, rate_stored, aimd = unpack(saved, 1, 11)
+      rate_last, rate_stored, aimd, rate_last_w, live, live_of = unpack(saved, 1, 14)
   else
     used, limit_override, waiting, reclaimed, pused, default_record = 0, false, 0, 0, 0, false
-    rate, rate_total, rate_last, rate_stored, aimd = false, 0, 0, false, false
+    rate, rate_total, rate_last, rate_stored, aimd, rate_last_w = false, 0, 0, false, false, 0
+    live, live_of = false, false
   end
   current = i
 end
@@ -338,15 +465,25 @@ function F.part_prefix(part)
   return string.format('%04d', #part) .. part
 end
 
+-- (seq: the waiter's order text, see KEYS[3] above)
 function F.line_member(part, seq, ticket)
-  return F.part_prefix(part) .. string.format('%015d', seq) .. ticket
+  return F.part_prefix(part) .. seq .. ticket
 end
 
--- partition, seq, ticket and prefix of a line member
+-- partition, order (text), ticket and prefix of a line member (a keyed order starts with '1',
+-- 49, and is 31 characters long; an older one 15)
 function F.split_member(member)
   local n = tonumber(string.sub(member, 1, 4))
-  return string.sub(member, 5, 4 + n), tonumber(string.sub(member, 5 + n, 19 + n)),
-    string.sub(member, 20 + n), string.sub(member, 1, 4 + n)
+  local len = string.byte(member, 5 + n) == 49 and 31 or 15
+  return string.sub(member, 5, 4 + n), string.sub(member, 5 + n, 4 + n + len),
+    string.sub(member, 5 + n + len), string.sub(member, 1, 4 + n)
+end
+
+-- The order text of a new place: arrival now, `offset_ms` earlier for its priority (0-9).
+function F.new_order(offset_ms, priority)
+  local seq = redis.call('HINCRBY', K_STATE, 'seq', 1)
+  return '1' .. string.format('%014d', now + 10000000000000 - offset_ms)
+    .. string.format('%015d', seq) .. priority
 end
 
 function F.part_has_waiters(part)
@@ -401,8 +538,20 @@ function F.parse_waiter(raw)
   local pstop = p + tonumber(np)
   local stop = pstop + tonumber(n)
   return {w = tonumber(w), since = since, e = tonumber(e), wk = tonumber(wk), g = tonumber(g),
-          seq = tonumber(seq), p = string.sub(raw, p, pstop - 1),
+          seq = #seq == 31 and seq or string.format('%015d', seq),
+          p = string.sub(raw, p, pstop - 1),
           d = string.sub(raw, pstop, stop - 1), o = string.sub(raw, stop)}
+end
+
+-- Is the waiter ready (see the state's 'w:' fields above)?  (126 is '~'.)
+function F.ready(info)
+  return string.byte(info.d, 1) ~= 126
+end
+
+-- A waiter's wake data, without the not-ready mark.
+function F.wake_data(info)
+  if F.ready(info) then return info.d end
+  return string.sub(info.d, 2)
 end
 
 function F.encode_waiter(info)
@@ -425,6 +574,7 @@ function F.reclaim(expired, vals, ...)
     local kind, raw = string.sub(member, 1, 2), raws[i + 1]
     if kind == 'h:' then
       if raw then  -- a holder whose lease ran out (without a field: a tombstone's time is up)
+        if live_of and live_of[string.sub(member, 3)] then F.live_drop(string.sub(member, 3)) end
         reclaimed = reclaimed + 1
         count = count + 1
         local w, _, _, _, part = F.parse_holder(raw)
@@ -451,9 +601,9 @@ function F.reclaim(expired, vals, ...)
   for i = 1, #fields do
     local f = fields[i]
     if gone[f] then
-      vals[i + 6] = false
+      vals[i + 7] = false
     elseif string.sub(f, 1, 2) == 'p:' and parts[string.sub(f, 3)] then
-      vals[i + 6] = redis.call('HGET', K_STATE, f)
+      vals[i + 7] = redis.call('HGET', K_STATE, f)
     end
   end
 end
@@ -461,18 +611,37 @@ end
 -- Rates (docs/concepts.md, "Rates"): a sliding log of starts, exact to the server's ms.  A
 -- window {count, period} admits a start of weight w at `now` when the starts (weights) in
 -- (now - period, now] plus w are at most count.
+--
+-- A spaced window also spaces the starts evenly (GCRA with no burst tolerance): after a start
+-- of weight w, the next one is due w * interval later (interval = period / count; with several
+-- spaced windows the longest).  The last start's score is its due time D (fractional), so the
+-- next is due at D + w * interval; a start is allowed from floor(that) on, and its own due time
+-- is then that (when it is less than 1 ms ahead of now, carrying the fraction: the long-run rate
+-- is exact) or now (after an idle gap: no catch-up burst).  So on the server's clock two starts
+-- are never closer than w * interval - 1 ms.  The floor of a score is its start's server ms,
+-- which is what the windows count (see rate_used()).
 
--- The weight started in the last `p` ms.
+-- The weight started in the last `p` ms.  A start counts at its server ms, the floor of its
+-- score (a due time is fractional): it is in the window when that is > now - p.
 function F.rate_used(p)
-  local first = redis.call('ZRANGEBYSCORE', K_RATE, '(' .. (now - p), '+inf', 'LIMIT', 0, 1)
+  local first = redis.call('ZRANGEBYSCORE', K_RATE, now - p + 1, '+inf', 'LIMIT', 0, 1)
   if not first[1] then return 0 end
   local total, w = string.match(first[1], '^(%d+) (%d+)$')
   return rate_total - (tonumber(total) - tonumber(w))
 end
 
--- How much weight may start now: the least room left in any window (math.huge: no rate).
+-- Milliseconds until the spacing lets the next start in (0: now, or no spaced window).
+function F.space_wait()
+  if not rate or not rate.space or rate_last_w == 0 then return 0 end
+  return math.max(0, math.floor(rate_last + rate_last_w * rate.space) - now)
+end
+
+-- How much weight may start now: the least room left in any window (math.huge: no rate); 0
+-- while the spacing holds the next start (when it does not, only one start may be made now:
+-- see serve() in entitled()).
 function F.rate_budget()
   if not rate then return math.huge end
+  if rate.space and F.space_wait() > 0 then return 0 end
   local budget = math.huge
   for _, win in ipairs(rate.windows) do
     local room = win[1] - F.rate_used(win[2])
@@ -481,19 +650,19 @@ function F.rate_budget()
   return budget
 end
 
--- Milliseconds until every window has room for `w` more (0: now; -1: never, w is over a
--- window's count).  Per full window: a binary search over the starts in it (log2 of their
--- number ZRANGE calls) for the start whose leaving makes room.
+-- Milliseconds until every window has room for `w` more and the spacing lets it in (0: now;
+-- -1: never, w is over a window's count).  Per full window: a binary search over the starts in
+-- it (log2 of their number ZRANGE calls) for the start whose leaving makes room.
 function F.rate_wait(w)
   if not rate then return 0 end
-  local wait = 0
+  local wait = F.space_wait()
   for _, win in ipairs(rate.windows) do
     local n, p = win[1], win[2]
     if w > n then return -1 end
     if F.rate_used(p) + w > n then
       -- the first start whose running total reaches `target` leaves at its time + p
       local target = rate_total - n + w
-      local lo = redis.call('ZCOUNT', K_RATE, '-inf', now - p)
+      local lo = redis.call('ZCOUNT', K_RATE, '-inf', '(' .. (now - p + 1))
       local hi = redis.call('ZCARD', K_RATE) - 1
       while lo < hi do
         local mid = math.floor((lo + hi) / 2)
@@ -501,7 +670,7 @@ function F.rate_wait(w)
         if tonumber(string.match(member, '^(%d+)')) >= target then hi = mid else lo = mid + 1 end
       end
       local found = redis.call('ZRANGE', K_RATE, lo, lo, 'WITHSCORES')
-      local opens = tonumber(found[2]) + p - now
+      local opens = math.floor(tonumber(found[2])) + p - now  -- (see rate_used())
       if opens > wait then wait = opens end
     end
   end
@@ -512,8 +681,15 @@ end
 function F.rate_record(w)
   rate_total = rate_total + w
   local t = math.max(now, rate_last)  -- scores never go back: the log stays in start order
-  rate_last = t
-  redis.call('ZADD', K_RATE, t, string.format('%017d', rate_total) .. ' ' .. string.format('%d', w))
+  if rate.space and rate_last_w > 0 then
+    -- a spaced start is due at the last one's due time + its weight's intervals: keep that
+    -- (the fraction of a ms) when it is due within this ms
+    local due = rate_last + rate_last_w * rate.space
+    if due > t and due < now + 1 then t = due end
+  end
+  rate_last, rate_last_w = t, w
+  redis.call('ZADD', K_RATE, string.format('%.17g', t),
+    string.format('%017d', rate_total) .. ' ' .. string.format('%d', w))
   redis.call('ZREMRANGEBYSCORE', K_RATE, '-inf', t - rate.max_p)
   redis.call('PEXPIRE', K_RATE, rate.max_p + 1000)
 end
@@ -588,8 +764,9 @@ function F.store_record(part, part_raw, record)
 end
 
 -- Put `ticket` in line (info: its parsed waiter field when it has a place already, else
--- false), or update its place; returns its waiter info.
-function F.enqueue(ticket, info, weight, epoch, owner, data, grace, part)
+-- false), or update its place (which keeps its order, so its priority); returns its waiter
+-- info.  `order`: the order text of a new place (see new_order()), false: priority 0.
+function F.enqueue(ticket, info, weight, epoch, owner, data, grace, part, order)
   local moved_from = false
   if info then
     -- a changed waiter is named again in a later wake-up (with its new data), unless it was
@@ -602,7 +779,7 @@ function F.enqueue(ticket, info, weight, epoch, owner, data, grace, part)
     end
     info.w, info.e, info.o, info.d, info.g, info.p = weight, epoch, owner, data, grace, part
   else
-    local seq = redis.call('HINCRBY', K_STATE, 'seq', 1)
+    local seq = order or F.new_order(0, 0)
     info = {w = weight, since = now_text, e = epoch, o = owner, d = data, wk = 0, g = grace,
             seq = seq, p = part}
     redis.call('ZADD', K_LINE, 0, F.line_member(part, seq, ticket))
@@ -636,7 +813,7 @@ end
 --     collect until it fits); otherwise its partition is served no more now and the others go
 --     on (work-conserving: they may use units this heavy head cannot);
 --   * else it is served, and the choice is made again.
--- Within a partition the line is strict FIFO.  With one partition this is the plain FIFO line.
+-- Within a partition the line is in order (arrival, moved earlier by priority: see KEYS[3]).  With one partition this is the plain FIFO line.
 -- Returns a list of {ticket, info-table}.
 --
 -- Cost: one ZRANGEBYLEX per partition with waiters and per 16 waiters looked at beyond the
@@ -722,9 +899,10 @@ function F.entitled(limit, aging)
   end
 
   -- the head waiter of a partition, passing over line members without a field (cannot happen)
+  -- and waiters that are not ready (they keep their places, and are served once ready)
   local function live_head(p)
     local h = head(p)
-    while h and not h[3] do
+    while h and not (h[3] and F.ready(h[3])) do
       p.at = p.at + 1
       h = head(p)
     end
@@ -736,6 +914,7 @@ function F.entitled(limit, aging)
     alone = false
     free = free - h[3].w
     rate_free = rate_free - h[3].w
+    if rate and rate.space then rate_free = 0 end  -- spaced: one start at a time
     p.used = p.used + h[3].w
     p.at = p.at + 1
   end
@@ -773,7 +952,7 @@ function F.entitled(limit, aging)
           best, best_head = p, h
         else
           local x, y = p.used * best.w, best.used * p.w
-          if x < y or (x == y and h[1] < best_head[1]) then best, best_head = p, h end
+          if x < y or (x == y and h[1] < best_head[1]) then best, best_head = p, h end  -- (orders: text)
         end
       end
     end

@@ -9,14 +9,12 @@
 -- ARGV[3] aging_ms       see acquire.lua
 -- ARGV[4] fresh          the marker written when the state has none
 --
--- Returns {holders reclaimed, created (1: the marker was written now), marker, fence,
--- wake pairs...}.
+-- Returns {holders reclaimed, of them those whose process's liveness record had expired (see
+-- K_PROCS), marker, fence, wake pairs...}.
 local boot, fence = F.begin('boot', 'fence')
-local created = 0
 if not boot then
   boot = ARGV[4]
   redis.call('HSET', K_STATE, 'boot', boot)
-  created = 1
 end
 local list = F.entitled(F.effective_limit(tonumber(ARGV[1])), tonumber(ARGV[3]))
-return F.collect_wakes(list, '', tonumber(ARGV[2]), {reclaimed, created, boot, fence or '0'})
+return F.collect_wakes(list, '', tonumber(ARGV[2]), {reclaimed, died, boot, fence or '0'})

@@ -20,7 +20,7 @@ if raw then
   reply[1] = 1
   if ARGV[5] == '1' and (CAN_DISPATCH or info.d == '') then
     reply[2] = ticket
-    reply[3] = info.d
+    reply[3] = F.wake_data(info)
   end
 end
 local list = F.entitled(F.effective_limit(tonumber(ARGV[2])), tonumber(ARGV[4]))

@@ -32,6 +32,18 @@ function duration(seconds) {
   return Math.floor(whole / 3600) + "h" + String(Math.floor((whole % 3600) / 60)).padStart(2, "0") + "m";
 }
 
+// A holder's process liveness, in the words of `celery semaphore show`.
+function livenessText(h) {
+  if (h.liveness === "alive") return "alive (record expires in " + duration(h.liveness_left) + ")";
+  if (h.liveness === "expired" && h.liveness_left !== null && h.liveness_left !== undefined) {
+    return "process record expired " + duration(-h.liveness_left) + " ago: reclaimed at the next call";
+  }
+  if (h.liveness === "expired" || h.liveness === "gone") {
+    return "process record gone: reclaimed at the next call";
+  }
+  return "-";
+}
+
 function cell(value) {
   if (value === null || value === undefined || value === "") return "-";
   if (typeof value === "boolean") return value ? "yes" : "no";
@@ -40,11 +52,12 @@ function cell(value) {
 }
 
 function bar(used, cap) {
-  const known = typeof cap === "number" && cap > 0;
+  // nothing to draw against (no limit known): no bar, rather than a placeholder
+  if (!(typeof cap === "number" && cap > 0)) return el("span", { class: "no-bar" });
   const fill = el("span");
-  fill.style.width = (known ? Math.min(100, (100 * used) / cap) : 100) + "%";
-  const cls = "bar" + (!known ? " unknown" : used >= cap ? " full" : "");
-  return el("span", { class: cls, title: used + " of " + cell(cap) }, fill);
+  fill.style.width = Math.min(100, (100 * used) / cap) + "%";
+  return el("span", { class: "bar" + (used >= cap ? " full" : ""), title: used + " of " + cap },
+    fill);
 }
 
 function table(headers, rows, cls) {
@@ -92,8 +105,37 @@ function rateText(w) {
 }
 
 function whyText(w) {
-  // why a waiter waits when it is not the units or its turn (e.g. held by the rate)
+  // why a waiter waits, in the CLI's words: its reason (the semaphore is full, its queue is at
+  // its cap, a rate window, an adaptive pause); from an older server, its "why"
+  if (w.reason) return w.reason.text;
   return w.why ? w.why.text : null;
+}
+
+const REASON_LABELS = {
+  pause: "adaptive pause", cap: "queue at its cap", units: "semaphore full",
+  rate: "rate window full", starting: "starting",
+};
+
+function reasonsText(row) {
+  // "2 queue at its cap, 1 semaphore full": the waiters by why they wait (null: none)
+  const counts = row.waiting_by_reason || {};
+  const shown = Object.entries(counts).filter(([, n]) => n > 0)
+    .map(([kind, n]) => n + " " + (REASON_LABELS[kind] || kind));
+  return shown.length ? shown.join(", ") : null;
+}
+
+function waiterLines(waiters, parts) {
+  // the waiters by partition ("" the default one), each line by position: the partitions in
+  // the order the server lists them, then any other (as `celery semaphore show` groups them)
+  const lines = new Map();
+  for (const p of parts || []) lines.set(p.name || "", []);
+  for (const w of waiters) {
+    const name = w.partition || "";
+    if (!lines.has(name)) lines.set(name, []);
+    lines.get(name).push(w);
+  }
+  return [...lines.entries()].filter(([, line]) => line.length)
+    .map(([name, line]) => [name, line.sort((a, b) => a.position - b.position)]);
 }
 
 function limitText(row) {
@@ -113,7 +155,10 @@ function route() {
   if (hash.startsWith("#/explain/")) {
     return { kind: "explain", taskId: decodeURIComponent(hash.slice(10)) };
   }
-  return { kind: "overview" };
+  if (hash.startsWith("#/after/")) {
+    return { kind: "overview", after: decodeURIComponent(hash.slice(8)) };
+  }
+  return { kind: "overview", after: null };
 }
 
 function overview(data) {
@@ -130,7 +175,7 @@ function overview(data) {
         td(s.used + "/" + cell(s.limit), "num used"),
         td(bar(s.used, s.limit)),
         td(s.holders, "num holders"),
-        td(s.waiting, "num waiting"),
+        el("td", { class: "num waiting", title: reasonsText(s) }, cell(s.waiting)),
         td(s.waiting ? duration(s.oldest_wait) : "-", "num"),
         td(duration(s.hold_time_avg), "num"),
         td(s.reclaimed_total, "num"),
@@ -145,7 +190,8 @@ function overview(data) {
           "tr",
           { class: "part" },
           td("↳ partition " + partName(p)),
-          td(capped ? "cap " + p.cap : "no cap"),
+          td(capped ? "cap " + p.cap + (p.used >= p.cap && p.waiting ? " (at its cap)" : "")
+            : "no cap"),
           td(""),
           td(""),
           td(cell(p.used) + "/" + cell(cap), "num"),
@@ -213,6 +259,19 @@ function overview(data) {
   return table(headers, rows, "overview");
 }
 
+function pager(data, after) {
+  // a page at a time, by name: the server reads only the semaphores shown
+  if (data.next === null && after === null) return el("span");
+  const links = [];
+  if (after !== null) links.push(el("a", { href: "#/", class: "first-page" }, "First page"), " ");
+  if (data.next !== null) {
+    links.push(el("a", { href: "#/after/" + encodeURIComponent(data.next), class: "next-page" },
+      "Next page"));
+  }
+  return el("p", { class: "muted pager" }, "Showing " + data.semaphores.length + " of " +
+    data.total + " semaphores, by name. ", ...links);
+}
+
 function detailLive(d) {
   const facts = [
     ["Limit in force", limitText(d)],
@@ -228,10 +287,16 @@ function detailLive(d) {
     ["In use", d.used + " of " + cell(d.limit) + " unit(s)"],
     ["Holders / waiting", d.holders + " / " + d.waiting +
       (d.waiting ? " (oldest " + duration(d.oldest_wait) + ")" : "")],
+    ["Why they wait", reasonsText(d)],
     ["Hold time (average of recent releases)", duration(d.hold_time_avg)],
     ["Leases expired and reclaimed", d.reclaimed_total],
     ["Permits granted", d.grants_total],
+    ["Line full (max_waiting): refused / dropped for a newer task",
+      (d.full_total || d.dropped_total) ? d.full_total + " / " + d.dropped_total : null],
     ["Tasks", tasks(d.tasks, 10)],
+    ["Priority, and when the line is full", (d.line_policies || []).map((p) =>
+      p.task + ": priority " + p.priority + ", max_waiting " + cell(p.max_waiting) +
+      ", on_full " + p.on_full).join("; ") || null],
     ["Found in", d.found_in],
     ["Recorded by", d.recorded_by],
   ];
@@ -266,7 +331,7 @@ function detailLive(d) {
   }
   out.push(el("h2", {}, "Holders (" + d.holder_list.length + ")"));
   const holderHead = ["Task id", "Task", "Host", "PID", "Weight", "Age", "Lease left",
-    "Partition", "Fence", "Token"];
+    "Partition", "Fence", "Token", "Process", "Liveness"];
   if (actionsOn) holderHead.push("");
   out.push(
     table(
@@ -275,7 +340,8 @@ function detailLive(d) {
         const row = el("tr", { class: "holder", "data-task-id": h.task_id },
           td(taskLink(h.task_id)), td(h.task), td(h.host), td(h.pid, "num"),
           td(h.weight, "num"), td(duration(h.age), "num"), td(duration(h.lease_left), "num"),
-          td(h.partition), td(h.fencing_token, "num"), td(h.token));
+          td(h.partition), td(h.fencing_token, "num"), td(h.token), td(h.process, "process"),
+          td(livenessText(h), "liveness"));
         if (actionsOn) {
           row.appendChild(td(el("button", {
             class: "danger release",
@@ -292,15 +358,31 @@ function detailLive(d) {
     ),
   );
   out.push(el("h2", {}, "Waiters (" + d.waiter_list.length + ")"));
+  const groups = waiterLines(d.waiter_list, d.partitions);
+  const rows = [];
+  for (const [name, line] of groups) {
+    if (groups.length > 1 || name) {
+      // positions count within a partition's line: a heading row per line
+      const part = (d.partitions || []).find((p) => (p.name || "") === name) || { name };
+      const capped = part.cap !== undefined && part.cap !== null;
+      rows.push(el("tr", { class: "line", "data-partition": name },
+        el("th", { colspan: 10 }, "Queue " + partName(part) + ": " + cell(part.used) + " in use" +
+          (capped ? " of its cap " + part.cap : " (no cap)") + ", " + line.length + " waiting")));
+    }
+    for (const w of line) {
+      rows.push(el("tr", { class: "waiter", "data-task-id": w.task_id || w.ticket,
+        "data-partition": name },
+        td(w.position, "num position"), td(taskLink(w.task_id || w.ticket)), td(w.task),
+        td(w.weight, "num"), td(w.priority, "num priority"), td(duration(w.waited), "num"),
+        td(w.how, "how"),
+        td(w.held_by, "held-by"), td(w.host), td(whyText(w), "why")));
+    }
+  }
   out.push(
     table(
-      ["Position", "Task id", "Task", "Partition", "Weight", "Waited", "How", "Held by", "Host",
-        "Why (besides units)"],
-      d.waiter_list.map((w) =>
-        el("tr", { class: "waiter", "data-task-id": w.task_id || w.ticket },
-          td(w.position, "num position"), td(taskLink(w.task_id || w.ticket)), td(w.task),
-          td(w.partition), td(w.weight, "num"), td(duration(w.waited), "num"), td(w.how, "how"),
-          td(w.held_by, "held-by"), td(w.host), td(whyText(w), "why"))),
+      ["Position", "Task id", "Task", "Weight", "Priority", "Waited", "How", "Held by", "Host",
+        "Why it waits"],
+      rows,
       "waiters",
     ),
   );
@@ -357,6 +439,15 @@ function detailActions(name) {
       },
     }, "Reset (drop holders and waiters)"),
   );
+}
+
+function explained(r) {
+  // why the task waits, in one sentence first (wrapped, as a paragraph), then the facts
+  const lines = r.text.split("\n");
+  const sentence = r.sentence ? el("p", { class: "sentence" }, r.sentence) : null;
+  const facts = r.sentence ? lines.slice(1).join("\n") : r.text;
+  return el("div", {}, el("p", {}, semLink(r.name)), sentence,
+    el("pre", { class: "explain" }, facts));
 }
 
 // -- fetching ----------------------------------------------------------------------------------
@@ -426,10 +517,11 @@ async function refresh() {
   const main = document.getElementById("view");
   try {
     if (view.kind === "overview") {
-      const data = await getJSON("/api/semaphores");
+      const query = view.after === null ? "" : "?after=" + encodeURIComponent(view.after);
+      const data = await getJSON("/api/semaphores" + query);
       document.getElementById("prefix").textContent = "key prefix " + data.prefix;
       setActions(data.actions);
-      main.replaceChildren(el("h2", {}, "Semaphores"), overview(data));
+      main.replaceChildren(el("h2", {}, "Semaphores"), overview(data), pager(data, view.after));
     } else if (view.kind === "detail") {
       const data = await getJSON("/api/semaphore?name=" + encodeURIComponent(view.name));
       document.getElementById("prefix").textContent = "key prefix " + data.prefix;
@@ -446,8 +538,7 @@ async function refresh() {
       const head = el("h2", {}, "Explain task ", el("code", {}, view.taskId));
       try {
         const data = await getJSON("/api/explain?task_id=" + encodeURIComponent(view.taskId));
-        main.replaceChildren(head, ...data.results.map((r) =>
-          el("div", {}, el("p", {}, semLink(r.name)), el("pre", { class: "explain" }, r.text))));
+        main.replaceChildren(head, ...data.results.map(explained));
       } catch (exc) {
         if (exc.status !== 404) throw exc;
         main.replaceChildren(head, el("pre", { class: "explain" }, exc.message));

@@ -1,0 +1,158 @@
+"""What a user sees stays true: with ``task_track_started``, a limited task that waits (in its
+pool slot, or parked: re-published to wait) is not STARTED while it waits, becomes STARTED
+once its body runs holding its permit, and a monitor (Flower) gets one ``task-started`` event
+per task, however many copies of it parking made.
+
+Before, Celery's tracer stored STARTED as a pool child accepted the task, before the wrapper
+asked for the permit, and the worker sent ``task-started`` at every accept: a task waiting in
+its slot showed STARTED, and each parked copy started it again.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from celery import Celery
+
+from . import proj
+from .helpers import ledger, started_at
+from .workers import Env, start_worker, wait_until
+
+pytestmark = pytest.mark.timeout(120)
+
+
+class Monitor:
+    """The task events the workers send, as a monitor such as Flower receives them."""
+
+    def __init__(self, app: Celery) -> None:
+        self.app = app
+        self.seen: list[dict[str, Any]] = []
+        self._lock = threading.Lock()
+        self._receiver: Any = None
+        self._thread = threading.Thread(target=self._run, name="test-monitor", daemon=True)
+
+    def _record(self, event: dict[str, Any]) -> None:
+        with self._lock:
+            self.seen.append(event)
+
+    def _run(self) -> None:
+        with self.app.connection_for_read() as conn:
+            self._receiver = self.app.events.Receiver(conn, handlers={"*": self._record})
+            self._receiver.capture(limit=None, timeout=None, wakeup=False)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        if self._receiver is not None:
+            self._receiver.should_stop = True
+        self._thread.join(timeout=5)
+
+    def events(self, type_: str) -> list[dict[str, Any]]:
+        with self._lock:
+            return [e for e in self.seen if e.get("type") == type_]
+
+    def from_host(self, hostname: str) -> bool:
+        with self._lock:
+            return any(e.get("hostname") == hostname for e in self.seen)
+
+
+@pytest.fixture
+def monitor(env: Env) -> Iterator[Monitor]:
+    m = Monitor(env.client_app())
+    m.start()
+    yield m
+    m.stop()
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        # no gate: the task waits in its slot, then parks, again and again
+        pytest.param(
+            {
+                "semaphore_worker_hold": 0,
+                "semaphore_slot_wait_timeout": 0.3,
+                "semaphore_retry_backoff": 0.2,
+                "semaphore_retry_backoff_max": 0.4,
+            },
+            id="slot-and-park",
+        ),
+        pytest.param({}, id="gate"),  # held off the pool, then run with the gate's grant
+    ],
+)
+def test_a_waiting_task_is_started_once_when_its_body_runs(
+    env: Env, monitor: Monitor, extra: dict[str, Any]
+) -> None:
+    env.limit = 1
+    env.extra.update(task_track_started=True, **extra)
+    worker = start_worker(env, pool="prefork", concurrency=2, extra_args=["-E"])
+    app = env.client_app()
+    try:
+        wait_until(lambda: monitor.from_host(worker.name), 30, what="the worker's events arrive")
+        first = app.send_task(proj.work.name, ("first", 3.0))
+        wait_until(lambda: first.state == "STARTED", 20, what="the first body runs")
+        second = app.send_task(proj.work.name, ("second", 1.5))
+        seen_waiting = []
+        while not first.ready():
+            seen_waiting.append(second.state)
+            time.sleep(0.05)
+        assert first.get(timeout=5) == "first"
+        assert "STARTED" not in seen_waiting, f"STARTED while it waited: {seen_waiting}"
+        wait_until(lambda: second.state in ("STARTED", "SUCCESS"), 20, what="the second body runs")
+        assert second.state == "STARTED"  # its body runs 1.5 s
+        assert second.get(timeout=20) == "second"
+        wait_until(
+            lambda: any(e["uuid"] == second.id for e in monitor.events("task-succeeded")),
+            10,
+            what="the last event arrives",
+        )
+        started = Counter(e["uuid"] for e in monitor.events("task-started"))
+        assert started[first.id] == 1, started
+        assert started[second.id] == 1, started
+        if extra:  # it did park: each copy was received again
+            received = Counter(e["uuid"] for e in monitor.events("task-received"))
+            assert received[second.id] > 1, received
+    finally:
+        worker.stop()
+
+
+def test_tasks_sent_ahead_to_stand_by_are_started_once(env: Env, monitor: Monitor) -> None:
+    """A task the gate sends ahead into a free slot (standby) is accepted there before its
+    grant: its task-started event comes from its body, once, as it starts (not as the slot
+    accepts it, a body's time before)."""
+    env.limit = 1
+    env.extra.update(task_track_started=True, semaphore_worker_standby=2)
+    worker = start_worker(env, pool="prefork", concurrency=4, extra_args=["-E"])
+    app = env.client_app()
+    try:
+        wait_until(lambda: monitor.from_host(worker.name), 30, what="the worker's events arrive")
+        tags = [f"t{i}" for i in range(10)]
+        results = [app.send_task(proj.work_how.name, (tag, 0.5)) for tag in tags]
+        assert [r.get(timeout=60) for r in results] == tags
+        ids = {r.id for r in results}
+        wait_until(
+            lambda: ids <= {e["uuid"] for e in monitor.events("task-succeeded")},
+            10,
+            what="the last events arrive",
+        )
+        hows = dict(item.split(":", 1) for item in ledger(env, "how"))
+        assert "standby" in hows.values(), hows  # some did stand by
+        events = monitor.events("task-started")
+        started = Counter(e["uuid"] for e in events)
+        assert {started[i] for i in ids} == {1}, started
+        said = {e["uuid"]: float(e["timestamp"]) for e in events}
+        began = started_at(env)
+        early = {
+            tag: round(began[tag] - said[r.id], 3)
+            for tag, r in zip(tags, results, strict=True)
+            if hows[tag] == "standby" and began[tag] - said[r.id] > 0.25
+        }
+        assert not early, f"said started before its body began (s): {early}"
+    finally:
+        worker.stop()
