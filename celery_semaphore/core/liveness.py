@@ -20,6 +20,8 @@ import os
 import secrets
 import socket
 import threading
+import time
+import weakref
 from typing import Any
 
 from .. import logs
@@ -29,12 +31,35 @@ __all__ = ["adopt", "ident", "procs_key", "register", "stop"]
 
 log = logs.get("semaphore")
 
+#: a refresh that keeps failing is logged at WARNING once, then at most this often
+WARN_EVERY = 60.0
+
 #: this process's ident and whether this process refreshes its records itself
 _ident: str | None = None
 _adopted = False
 _lock = threading.Lock()
-#: (id(client), procs key) -> [scripts, key_args, ttl ms]
-_records: dict[tuple[int, str], list[Any]] = {}
+
+
+class _Record:
+    """One record this process refreshes: a procs key on one Redis client.  It lives while
+    some object that registered it (a semaphore's scripts) lives: a process that made many
+    clients keeps refreshing only the records still in use."""
+
+    def __init__(self, key_args: tuple[bytes, ...], ttl_ms: int) -> None:
+        self.key_args, self.ttl_ms = key_args, ttl_ms
+        self.users: weakref.WeakSet[ScriptSet] = weakref.WeakSet()
+        #: monotonic time of the first failure in a row (None: the last refresh worked), and
+        #: of the last WARNING about it
+        self.failing_since: float | None = None
+        self.warned_at = 0.0
+
+    def scripts(self) -> ScriptSet | None:
+        """One living user's scripts (None: nothing uses the record any more)."""
+        return next(iter(self.users), None)
+
+
+#: (id(client), procs key) -> its record
+_records: dict[tuple[int, str], _Record] = {}
 _thread: threading.Thread | None = None
 _stop = threading.Event()
 
@@ -65,22 +90,28 @@ def adopt(other: str) -> None:
 
 def register(scripts: ScriptSet, client: Any, key: str, ttl: float) -> None:
     """Write this process's record under ``key`` now (unless another process refreshes it)
-    and keep it refreshed every ``ttl / 3`` seconds from then on."""
+    and keep it refreshed every ``ttl / 3`` seconds while ``scripts`` (or another user's,
+    registered for the same client and key) lives: the caller keeps a reference to it."""
     global _thread
     if _adopted:
         return
     ttl_ms = max(1, int(ttl * 1000))
     slot = (id(client), key)
     with _lock:
-        entry = _records.get(slot)
-        if entry is not None and entry[2] >= ttl_ms:
-            return
-        entry = _records[slot] = [scripts, scripts.key_args([key]), ttl_ms]
+        record = _records.get(slot)
+        known = record is not None and record.scripts() is not None
+        if record is None or record.ttl_ms < ttl_ms:
+            # the longest TTL asked for wins (its users' records must not expire early)
+            users = record.users if record is not None else ()
+            record = _records[slot] = _Record(scripts.key_args([key]), ttl_ms)
+            record.users.update(users)
+        record.users.add(scripts)
         if _thread is None or not _thread.is_alive():
             _stop.clear()
             _thread = threading.Thread(target=_loop, name="semaphore-liveness", daemon=True)
             _thread.start()
-    _refresh(entry)
+    if not known:
+        _refresh(record)
 
 
 def stop() -> None:
@@ -95,29 +126,61 @@ def stop() -> None:
         _thread = None
 
 
-def _refresh(entry: list[Any]) -> None:
-    scripts, key_args, ttl_ms = entry
+def _refresh(record: _Record) -> None:
+    scripts = record.scripts()
+    if scripts is None:
+        return
     try:
-        scripts.run("live", key_args, [ident(), ttl_ms], b"0")
+        scripts.run("live", record.key_args, [ident(), record.ttl_ms], b"0")
     except Exception as exc:  # a failed refresh is tried again at the next interval
-        log.warning(
-            "liveness record refresh failed: %s: %s",
-            type(exc).__name__,
-            exc,
+        _failed(record, exc)
+        return
+    if record.failing_since is not None:
+        log.info(
+            "liveness record refreshed again after %.0fs of failures",
+            time.monotonic() - record.failing_since,
             semaphore=None,
             task_id=None,
         )
+        record.failing_since = None
+
+
+def _failed(record: _Record, exc: Exception) -> None:
+    """Log a failed refresh: the first of a row, then at most every :data:`WARN_EVERY` s."""
+    now = time.monotonic()
+    if record.failing_since is None:
+        record.failing_since = now
+    elif now - record.warned_at < WARN_EVERY:
+        return
+    record.warned_at = now
+    log.warning(
+        "liveness record refresh failed (for %.0fs now; said again at most every %.0fs "
+        "while it fails): %s: %s",
+        now - record.failing_since,
+        WARN_EVERY,
+        type(exc).__name__,
+        exc,
+        semaphore=None,
+        task_id=None,
+    )
+
+
+def _in_use() -> list[_Record]:
+    """The records still in use; those nothing uses any more are forgotten (they expire)."""
+    with _lock:
+        for slot in [s for s, r in _records.items() if r.scripts() is None]:
+            del _records[slot]
+        return list(_records.values())
 
 
 def _loop() -> None:
     while True:
-        with _lock:
-            entries = list(_records.values())
-        interval = min((e[2] for e in entries), default=3000) / 3000
+        records = _in_use()
+        interval = min((r.ttl_ms for r in records), default=3000) / 3000
         if _stop.wait(interval):
             return
-        for entry in entries:
-            _refresh(entry)
+        for record in records:
+            _refresh(record)
 
 
 def _forked() -> None:
