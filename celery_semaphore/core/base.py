@@ -212,6 +212,17 @@ class SemaphoreBase:
                 )
         return None
 
+    def _lapsed(self, count: int) -> None:
+        """An acquire of this object took back ``count`` holders whose lease had expired: say
+        so (the script that takes one back runs once, so this is said once, by its caller)."""
+        log.warning(
+            "reclaimed %d permit(s) whose lease expired: a holder stopped refreshing (its "
+            "process crashed or stalled past lease_ttl); taken back by an acquire",
+            count,
+            semaphore=self.name,
+            task_id=None,
+        )
+
     def _wake(self, items: list[Any]) -> None:
         """Wake the waiters a script named (its wake items, see :mod:`.wire`)."""
         if items:

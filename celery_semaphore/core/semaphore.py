@@ -203,7 +203,10 @@ class Semaphore(SemaphoreTokens):
         if self._scripts is None:
             self._load_scripts()  # (sets the liveness argument)
         args.append(self._live_arg)
-        attempt, wakes, error = wire.attempt(self, request, self._run("acquire", args))
+        reply = self._run("acquire", args)
+        attempt, wakes, error = wire.attempt(self, request, reply)
+        if wire.lapsed(reply):
+            self._lapsed(wire.lapsed(reply))
         if wakes:
             self._wake(wakes)
         if error is not None:

@@ -140,12 +140,17 @@ def _over_limit(name: str, weight: int, limit: int) -> ValueError:
 Read = tuple[Attempt, Reply, ValueError | None]
 
 
+def lapsed(reply: Reply) -> int:
+    """acquire.lua's reply: the holders the call took back because their lease expired."""
+    return int(reply[6])
+
+
 def attempt(sem: Semaphore, request: AcquireRequest, reply: Reply) -> Read:
     """acquire.lua's reply: the :class:`Attempt`, the wake items, and the error a weight
     over the limit in force is (None: the attempt stands)."""
     status = STATUSES[int(reply[0])]
     limit = int(reply[4])
-    wakes = reply[6:] if len(reply) > 6 else []
+    wakes = reply[7:] if len(reply) > 7 else []
     if status is AttemptStatus.GRANTED or status is AttemptStatus.ALREADY_HELD:
         expiry = int(reply[2]) / 1000
         permit = Permit(sem, request.ticket, request.weight, int(reply[1]), expiry, request.claim)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 
@@ -32,6 +33,33 @@ def test_unrefreshed_lease_is_reclaimed(make_semaphore: SemaphoreFactory) -> Non
     assert permit.release() is False
     assert [h.token for h in sem.holders()] == [other.token]
     assert sem.available() == 0
+
+
+def test_an_acquire_that_takes_back_an_expired_lease_says_so_once(
+    make_semaphore: SemaphoreFactory, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Nobody else will say it: the script that took the lease back ran for this acquire."""
+    sem = make_semaphore("lease-said", 2, lease_ttl=0.05)
+    first, second = sem.acquire(blocking=False), sem.acquire(blocking=False)
+    assert first is not None
+    assert second is not None
+    time.sleep(0.07)
+
+    def said() -> list[str]:
+        return [
+            r.getMessage()
+            for r in caplog.records
+            if r.levelno == logging.WARNING and "whose lease expired" in r.getMessage()
+        ]
+
+    with caplog.at_level(logging.WARNING, logger="celery_semaphore.semaphore"):
+        taken = sem.acquire(blocking=False)
+        assert taken is not None
+        assert len(said()) == 1
+        assert "] reclaimed 2 permit(s) whose lease expired" in said()[0]
+        assert taken.release() is True
+        assert sem.acquire(blocking=False) is not None  # nothing expired: nothing said
+        assert len(said()) == 1
 
 
 def test_refreshed_lease_is_kept(make_semaphore: SemaphoreFactory) -> None:

@@ -48,7 +48,7 @@
 --                         (see K_PROCS in _lib.lua) is written now, and a grant is recorded
 --                         under its ident; '' = none (the lease alone guards the grant)
 --
--- Returns {status, n1, n2, n3, n4, n5, wake pairs...}:
+-- Returns {status, n1, n2, n3, n4, n5, n6, wake pairs...}:
 --   status 1 granted now           n1 fencing token, n2 lease expiry ms, n3 server now ms
 --   status 2 already held (claim)  n1 fencing token, n2 lease expiry ms, n3 server now ms
 --   status 3 held by another claim n1 0
@@ -65,7 +65,8 @@
 --   n4 = effective limit (the runtime override, else the caller's; an adaptive limit lowers
 --   only the units that may be held now, not this); n5 = for status 5, ms until every rate
 --   window has room for this waiter's weight and a throttle pause is over (0: both are so
---   now, or no rate and no pause; -1: never); then ticket, data pairs of other waiters to
+--   now, or no rate and no pause; -1: never); n6 = holders this call took back because their
+--   lease expired (not those of dead processes); then ticket, data pairs of other waiters to
 --   wake.
 
 local ticket, claim, owner, data, part = ARGV[1], ARGV[3], ARGV[4], ARGV[5], ARGV[6]
@@ -100,10 +101,13 @@ if rate_arg ~= (rate_stored or '') and not F.rate_overridden(rate_stored) then
   end
 end
 
--- Every reply names the waiters to wake: the reclaim in begin() may have freed units (an
--- expired lease or place) whatever this call's own outcome, and those units belong to waiters
--- in line.
+-- Every reply says how many holders begin() took back because their lease expired (the
+-- caller logs them: nobody else will), and names the waiters to wake: the reclaim in begin()
+-- may have freed units (an expired lease or place) whatever this call's own outcome, and those
+-- units belong to waiters in line.
+local lapsed = reclaimed - died
 local function finish(reply, list)
+  reply[7] = lapsed
   return F.collect_wakes(list or F.entitled(limit, aging), ticket, grace, reply)
 end
 
@@ -142,7 +146,7 @@ if aimd then fits = F.pause_left() == 0 and (used + weight <= F.adaptive_cap(lim
 if ready and waiting == 0 and fits and room and (not rate or F.rate_budget() >= weight) then
   local granted, expiry =
     F.grant(ticket, weight, weight_text, claim, owner, lease_ms, fence, part, record)
-  return {1, granted, expiry, now, limit, 0}
+  return {1, granted, expiry, now, limit, 0, lapsed}
 end
 F.store_record(part, part_raw, record)
 local order = not info and F.new_order(offset, priority)
