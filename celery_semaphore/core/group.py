@@ -24,7 +24,7 @@ import itertools
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import redis as redis_lib
 from redis.exceptions import RedisError, ResponseError
@@ -33,8 +33,14 @@ from . import _validate, clock, waiting, wire
 from ._scripts import ScriptSet
 from .exceptions import SemaphoreBackendError, SemaphoreError, SemaphoreTimeout
 from .permit import DEFAULT_TOMBSTONE_TTL, Attempt, GroupPermit
-from .request import AcquireRequest, check_partition, done_mode
+from .request import AcquireRequest, GroupAttemptOptions, PlaceOptions, check_partition, done_mode
 from .semaphore import Semaphore
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
+
+#: the keyword arguments of SemaphoreGroup.try_acquire besides partition_caps
+_GROUP_KEYS = frozenset(PlaceOptions.__optional_keys__)
 
 __all__ = ["GroupPermit", "SemaphoreGroup"]
 
@@ -180,23 +186,7 @@ class SemaphoreGroup:
 
     # -- the low-level API ------------------------------------------------------------------
 
-    def try_acquire(
-        self,
-        ticket: str,
-        *,
-        owner: Mapping[str, Any] | None = None,
-        place_ttl: float = 0.0,
-        claim: str = "",
-        wake_data: str = "",
-        wake_grace: float = 1.0,
-        epoch: int = 0,
-        check_done: bool = False,
-        new_execution: bool = False,
-        lease_ttl: float | None = None,
-        partition: str = "",
-        partition_caps: Mapping[str, int | None] | None = None,
-        partition_weight: int = 1,
-    ) -> Attempt:
+    def try_acquire(self, ticket: str, **options: Unpack[GroupAttemptOptions]) -> Attempt:
         """One atomic attempt on every member, in one round trip; never blocks.
 
         The parameters mean what :meth:`Semaphore.try_acquire`'s do; ``partition_caps`` maps
@@ -204,25 +194,17 @@ class SemaphoreGroup:
         ``position`` is the furthest back the ticket stands in any member's line.  A GRANTED
         or ALREADY_HELD attempt's ``permit`` is a :class:`GroupPermit`.
         """
-        request = AcquireRequest(
-            ticket,
-            1,
-            owner,
-            place_ttl,
-            claim,
-            wake_data,
-            wake_grace,
-            epoch,
-            check_done,
-            new_execution,
-            lease_ttl,
-            partition,
-            None,
-            partition_weight,
-        )
+        caps = options.pop("partition_caps", None)
+        if not options.keys() <= _GROUP_KEYS:
+            unknown = sorted(set(options) - _GROUP_KEYS)
+            raise TypeError(
+                f"SemaphoreGroup.try_acquire() got unexpected keyword argument(s) "
+                f"{', '.join(unknown)}; it takes partition_caps, {', '.join(sorted(_GROUP_KEYS))}"
+            )
+        request = AcquireRequest(ticket, 1, **cast(PlaceOptions, options))  # (caps popped)
         _validate.ticket("ticket", ticket)
         request.check_times()
-        request = request._replace(member_caps=self._caps(partition_caps))
+        request = request._replace(member_caps=self._caps(caps))
         self._check_partitions(request)
         return self._attempt(request)
 

@@ -13,7 +13,13 @@ from typing import Any, NamedTuple, TypedDict
 
 from . import _validate
 
-__all__ = ["AcquireRequest", "QueueOptions"]
+__all__ = [
+    "AcquireRequest",
+    "AttemptOptions",
+    "GroupAttemptOptions",
+    "QueueOptions",
+    "make_request",
+]
 
 
 class QueueOptions(TypedDict, total=False):
@@ -23,6 +29,42 @@ class QueueOptions(TypedDict, total=False):
     priority: int
     max_waiting: int | None
     keep_newest: bool
+
+
+class PlaceOptions(TypedDict, total=False):
+    """What one attempt of a semaphore or a group may say besides its ticket (see
+    :meth:`Semaphore.try_acquire <celery_semaphore.Semaphore.try_acquire>`)."""
+
+    owner: Mapping[str, Any] | None
+    place_ttl: float
+    claim: str
+    wake_data: str
+    wake_grace: float
+    epoch: int
+    check_done: bool
+    new_execution: bool
+    lease_ttl: float | None
+    partition: str
+    partition_weight: int
+
+
+class AttemptOptions(PlaceOptions, total=False):
+    """The keyword arguments of :meth:`Semaphore.try_acquire
+    <celery_semaphore.Semaphore.try_acquire>`."""
+
+    weight: int
+    partition_cap: int | None
+    ready: bool
+    priority: int
+    max_waiting: int | None
+    keep_newest: bool
+
+
+class GroupAttemptOptions(PlaceOptions, total=False):
+    """The keyword arguments of :meth:`SemaphoreGroup.try_acquire
+    <celery_semaphore.SemaphoreGroup.try_acquire>`."""
+
+    partition_caps: Mapping[str, int | None] | None
 
 
 class AcquireRequest(NamedTuple):
@@ -78,6 +120,20 @@ class AcquireRequest(NamedTuple):
             _validate.priority("priority", self.priority)
             _validate.optional_non_negative_int("max_waiting", self.max_waiting)
             _validate.flag("keep_newest", self.keep_newest)
+
+
+_ATTEMPT_KEYS = frozenset(AttemptOptions.__optional_keys__)
+
+
+def make_request(ticket: str, options: AttemptOptions) -> AcquireRequest:
+    """The request of ``try_acquire(ticket, **options)`` (unchecked), refusing other names."""
+    if not options.keys() <= _ATTEMPT_KEYS:
+        unknown = sorted(set(options) - _ATTEMPT_KEYS)
+        raise TypeError(
+            f"try_acquire() got unexpected keyword argument(s) {', '.join(unknown)}; it takes "
+            f"{', '.join(sorted(_ATTEMPT_KEYS))}"
+        )
+    return AcquireRequest(ticket, **options)
 
 
 def check_queue(options: Mapping[str, Any]) -> None:

@@ -42,7 +42,15 @@ from .exceptions import SemaphoreFull, SemaphoreTimeout
 from .info import HolderInfo, PartitionInfo, RateWindowInfo, Snapshot, ThrottleResult, WaiterInfo
 from .permit import DEFAULT_TOMBSTONE_TTL as DEFAULT_TOMBSTONE_TTL
 from .permit import Attempt, AttemptStatus, Permit
-from .request import AcquireRequest, QueueOptions, check_partition, check_queue, done_mode
+from .request import (
+    AcquireRequest,
+    AttemptOptions,
+    QueueOptions,
+    check_partition,
+    check_queue,
+    done_mode,
+    make_request,
+)
 from .tokens import SemaphoreTokens
 from .waiting import Waiter
 
@@ -122,31 +130,13 @@ class Semaphore(SemaphoreTokens):
 
     # -- the low-level API (for integrations) -----------------------------------------------
 
-    def try_acquire(
-        self,
-        ticket: str,
-        *,
-        weight: int = 1,
-        owner: Mapping[str, Any] | None = None,
-        place_ttl: float = 0.0,
-        claim: str = "",
-        wake_data: str = "",
-        wake_grace: float = 1.0,
-        epoch: int = 0,
-        check_done: bool = False,
-        new_execution: bool = False,
-        lease_ttl: float | None = None,
-        partition: str = "",
-        partition_cap: int | None = None,
-        partition_weight: int = 1,
-        ready: bool = True,
-        priority: int = 0,
-        max_waiting: int | None = None,
-        keep_newest: bool = False,
-    ) -> Attempt:
+    def try_acquire(self, ticket: str, **options: Unpack[AttemptOptions]) -> Attempt:
         """One atomic attempt, in one round trip.  Never blocks.
 
         :param ticket: the waiter's identity; keep it to keep your place (see the module doc).
+        :param weight: units wanted (default 1).
+        :param owner: free-form metadata stored with the permit (default: host and pid).
+        :param lease_ttl: the grant's lease in seconds (default: the semaphore's).
         :param place_ttl: seconds the place in line is kept if not granted (0: no place).
         :param claim: tells copies of one ticket apart; a grant is returned again only to the
             same claim (so a re-sent call is idempotent, and a duplicate copy is refused).
@@ -178,11 +168,7 @@ class Semaphore(SemaphoreTokens):
             one atomic step.  ``keep_newest=True``: the front waiters of that line lose their
             places instead (woken; their next call is DROPPED).
         """
-        request = AcquireRequest(
-            ticket, weight, owner, place_ttl, claim, wake_data, wake_grace, epoch, check_done,
-            new_execution, lease_ttl, partition, partition_cap, partition_weight, (), ready,
-            priority, max_waiting, keep_newest,
-        )  # fmt: skip
+        request = make_request(ticket, options)
         self._check(request)
         return self._attempt(request)
 

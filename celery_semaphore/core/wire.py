@@ -28,8 +28,7 @@ if TYPE_CHECKING:
     from .request import AcquireRequest
     from .semaphore import Semaphore
 
-#: wake_grace_ms of every script but acquire's (which takes the caller's): a waiter is named in
-#: wake-ups at most once a second
+#: wake_grace_ms of every script but acquire's (the caller's): named once a second at most
 GRACE_MS = 1000
 
 Reply = list[Any]

@@ -161,6 +161,18 @@ def test_bad_low_level_arguments_of_a_group_are_named_too(
     _check(exc_info, param, value)
 
 
+def test_an_unknown_keyword_of_try_acquire_is_named_before_touching_redis() -> None:
+    sem = Semaphore("ok", 2, redis=NOWHERE)
+    with pytest.raises(TypeError, match=r"try_acquire\(\) got unexpected .* prio; it takes "):
+        sem.try_acquire("t", prio=3)  # type: ignore[call-arg]
+    with pytest.raises(TypeError, match="member_caps"):
+        sem.try_acquire("t", member_caps=(1,))  # type: ignore[call-arg]
+    members = [(Semaphore("a", 2, redis=NOWHERE), 1), (Semaphore("b", 2, redis=NOWHERE), 1)]
+    group = SemaphoreGroup(members)
+    with pytest.raises(TypeError, match=r"SemaphoreGroup.try_acquire\(\) got .* weight;"):
+        group.try_acquire("t", weight=2)  # type: ignore[call-arg]
+
+
 def test_the_ticket_error_says_what_a_ticket_is() -> None:
     sem = Semaphore("ok", 2, redis=NOWHERE)
     with pytest.raises(TypeError) as exc_info:
