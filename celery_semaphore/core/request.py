@@ -23,9 +23,14 @@ __all__ = [
 
 
 class QueueOptions(TypedDict, total=False):
-    """The place-in-line options ``acquire``, ``hold`` and ``wait`` take besides their named
-    ones (see :meth:`Semaphore.try_acquire <celery_semaphore.Semaphore.try_acquire>`)."""
+    """The place-in-line options ``acquire`` and ``hold`` take besides their named ones:
+    which line (``partition``, ``partition_cap``, ``partition_weight``) and where in it
+    (``priority``, ``max_waiting``, ``keep_newest``); see :meth:`Semaphore.try_acquire
+    <celery_semaphore.Semaphore.try_acquire>`."""
 
+    partition: str
+    partition_cap: int | None
+    partition_weight: int
     priority: int
     max_waiting: int | None
     keep_newest: bool
@@ -136,14 +141,21 @@ def make_request(ticket: str, options: AttemptOptions) -> AcquireRequest:
     return AcquireRequest(ticket, **options)
 
 
-def check_queue(options: Mapping[str, Any]) -> None:
-    """Check :class:`QueueOptions` (refusing other names)."""
+def check_queue(weight: int, options: QueueOptions) -> None:
+    """Check :class:`QueueOptions` for a waiter of ``weight`` units (refusing other names)."""
     unknown = sorted(set(options) - set(QueueOptions.__annotations__))
     if unknown:
         raise TypeError(
             f"unexpected keyword argument(s) {', '.join(unknown)}: the place-in-line options "
-            "are priority, max_waiting and keep_newest"
+            "are partition, partition_cap, partition_weight, priority, max_waiting and "
+            "keep_newest"
         )
+    check_partition(
+        weight,
+        options.get("partition", ""),
+        options.get("partition_cap"),
+        options.get("partition_weight", 1),
+    )
     _validate.priority("priority", options.get("priority", 0))
     _validate.optional_non_negative_int("max_waiting", options.get("max_waiting"))
     _validate.flag("keep_newest", options.get("keep_newest", False))

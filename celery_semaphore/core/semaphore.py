@@ -210,9 +210,6 @@ class Semaphore(SemaphoreTokens):
         ticket: str | None = None,
         owner: Mapping[str, Any] | None = None,
         place_ttl: float | None = None,
-        partition: str = "",
-        partition_cap: int | None = None,
-        partition_weight: int = 1,
         **options: Unpack[QueueOptions],
     ) -> Permit | None:
         """Acquire ``weight`` units.
@@ -225,15 +222,14 @@ class Semaphore(SemaphoreTokens):
             the place is kept for ``place_ttl`` seconds (default: ``lease_ttl``).  Without a
             ticket, a failed call leaves no trace.
         :param owner: free-form metadata stored with the permit (default: host and pid).
-        :param partition: with ``partition_cap``, ``partition_weight``: see :meth:`try_acquire`.
-        :param options: ``priority``, ``max_waiting``, ``keep_newest``: see :meth:`try_acquire`;
-            a blocking call refused FULL or DROPPED raises :class:`~celery_semaphore.SemaphoreFull`.
+        :param options: ``partition``, ``partition_cap``, ``partition_weight``, ``priority``,
+            ``max_waiting``, ``keep_newest``: see :meth:`try_acquire`; a blocking call refused
+            FULL or DROPPED raises :class:`~celery_semaphore.SemaphoreFull`.
         """
         _validate.positive_int("weight", weight, maximum=self.limit)
         if options:
-            check_queue(options)
+            check_queue(weight, options)
         self._check_rate_weight(weight)
-        check_partition(weight, partition, partition_cap, partition_weight)
         wait = _validate.optional_non_negative_seconds("timeout", timeout)
         own_ticket = ticket is None
         t = self.new_ticket() if ticket is None else _validate.ticket("ticket", ticket)
@@ -243,8 +239,7 @@ class Semaphore(SemaphoreTokens):
             # request is made positionally: this is the hot path of a non-blocking acquire
             place = 0.0 if own_ticket else _validate.non_negative_seconds("place_ttl", kept)
             request = AcquireRequest(
-                t, weight, owner, place, "", "", 1.0, 0, False, False, None, partition,
-                partition_cap, partition_weight, (), True, **options,
+                t, weight, owner, place, "", "", 1.0, 0, False, False, None, **options
             )  # fmt: skip
             return self._attempt(request).permit
         attempt = self.wait(
@@ -254,9 +249,8 @@ class Semaphore(SemaphoreTokens):
             keep_place=None if own_ticket else kept,
             weight=weight,
             owner=owner,
-            partition=partition, partition_cap=partition_cap, partition_weight=partition_weight,
             **options,
-        )  # fmt: skip
+        )
         if attempt.status in (AttemptStatus.FULL, AttemptStatus.DROPPED):
             raise self._full(attempt, t)
         return attempt.permit
@@ -324,24 +318,13 @@ class Semaphore(SemaphoreTokens):
         *,
         weight: int = 1,
         timeout: float | None = None,
-        partition: str = "",
-        partition_cap: int | None = None,
-        partition_weight: int = 1,
         **options: Unpack[QueueOptions],
     ) -> Iterator[Permit]:
         """``with sem.hold(timeout=5) as permit:``: acquire or raise
         :class:`~celery_semaphore.SemaphoreTimeout` (or :class:`~celery_semaphore.SemaphoreFull`);
-        release on exit.  ``options``: ``priority``, ``max_waiting``, ``keep_newest`` as in
-        :meth:`try_acquire`."""
+        release on exit.  ``options``: as :meth:`acquire`'s."""
         started = clock.monotonic()
-        permit = self.acquire(
-            weight=weight,
-            timeout=timeout,
-            partition=partition,
-            partition_cap=partition_cap,
-            partition_weight=partition_weight,
-            **options,
-        )
+        permit = self.acquire(weight=weight, timeout=timeout, **options)
         if permit is None:
             waited = clock.monotonic() - started
             raise SemaphoreTimeout(
