@@ -39,7 +39,7 @@ if TYPE_CHECKING:
 
     from tests.integration.workers import Worker
 
-__all__ = ["MEASURED", "Chaos", "Report", "measure"]
+__all__ = ["MEASURED", "Chaos", "Report", "measure", "overlap"]
 
 #: (scenario, what, seconds), in the order measured; printed by conftest at the end
 MEASURED: list[tuple[str, str, float]] = []
@@ -56,6 +56,45 @@ def measure(scenario: str, what: str, seconds: float) -> float:
         with open(MEASURE_FILE, "a", encoding="utf-8") as f:
             f.write(json.dumps({"scenario": scenario, "what": what, "seconds": seconds}) + "\n")
     return seconds
+
+
+def _intervals(ledger: Sequence[Entry]) -> list[tuple[float, float, tuple[str, int, int]]]:
+    """Each body as (start, end, key) from the ledger; one without an end is still inside."""
+    opened: dict[tuple[str, int, int], float] = {}
+    out = []
+    for e in sorted(ledger, key=lambda e: e.at):
+        key = (e.task_id, e.attempt, e.pid)
+        if e.event == "start":
+            opened[key] = e.at
+        elif key in opened:
+            out.append((opened.pop(key), e.at, key))
+    out.extend((at, float("inf"), key) for key, at in opened.items())
+    return out
+
+
+def overlap(
+    ledger: Sequence[Entry], limit: int, stale: set[str]
+) -> tuple[float, float, float, int]:
+    """From the ledger alone: (seconds with more than ``limit`` bodies inside, the first and
+    the last instant of that, and the most bodies inside at once *not counting* those of the
+    ``stale`` task ids).  A partition's overlap window: ``stale`` are the cut node's bodies."""
+    points = []
+    for start, end, key in _intervals(ledger):
+        points.append((start, 1, key))
+        points.append((end, -1, key))
+    points.sort(key=lambda p: (p[0], p[1]))  # an end before a start at the same instant
+    inside: set[tuple[str, int, int]] = set()
+    over, first, last, worst = 0.0, float("inf"), 0.0, 0
+    for i, (at, step, key) in enumerate(points):
+        if step > 0:
+            inside.add(key)
+        else:
+            inside.discard(key)
+        worst = max(worst, sum(1 for k in inside if k[0] not in stale))
+        if len(inside) > limit and i + 1 < len(points):
+            over += points[i + 1][0] - at
+            first, last = min(first, at), max(last, points[i + 1][0])
+    return over, first, last, worst
 
 
 @dataclass

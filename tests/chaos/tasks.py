@@ -13,7 +13,10 @@ variables); ``CS_CHAOS_DIR`` names the directory of the independent counter and 
 * ``kill``: SIGKILL its own process (the pool reports ``WorkerLostError``);
 * ``sleep`` is ``ok``, named for the tests that interrupt it (hard time limit, revoke, kills);
 * ``stubborn`` is ``sleep`` in a process that ignores SIGTERM, so a hard time limit's TERM
-  leaves it running until billiard's SIGKILL 0.1 s later.
+  leaves it running until billiard's SIGKILL 0.1 s later;
+* ``watch``: run for ``seconds``, calling :func:`celery_semaphore.checkpoint` every 0.05 s
+  (with ``semaphore_on_lease_lost="raise"`` a lost permit ends it with ``LeaseLost``, which
+  the ledger records as its outcome).
 
 ``late_step`` is the same with ``acks_late`` and ``reject_on_worker_lost``; its mode
 ``kill_once`` SIGKILLs its process on the first delivery only (a marker file tells them apart),
@@ -29,7 +32,7 @@ from typing import Any
 
 from celery.exceptions import SoftTimeLimitExceeded
 
-from celery_semaphore import limited
+from celery_semaphore import checkpoint, limited
 from celery_semaphore.core import clock
 from tests.integration.proj import LEASE, LIMIT, app
 
@@ -85,6 +88,12 @@ def _run(task: Any, tag: str, seconds: float, mode: str) -> str:
                 os.kill(os.getpid(), signal.SIGKILL)
         if mode == "stubborn":
             signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        if mode == "watch":
+            until = time.monotonic() + seconds
+            while time.monotonic() < until:
+                checkpoint()
+                time.sleep(0.05)
+            return tag
         if mode == "soft":
             try:
                 time.sleep(max(seconds, 30.0))

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from .record import Recorder
+from .harness import overlap
+from .record import Entry, Recorder
 
 pytestmark = pytest.mark.chaos
 
@@ -38,3 +39,25 @@ def test_a_killed_body_stops_counting_and_its_start_is_on_record() -> None:
     assert rec.enter("alive:0:1") == 1
     assert rec.read().over == 0
     assert [(e.event, e.task_id) for e in rec.ledger()] == [("start", "dead")]
+
+
+def test_overlap_counts_only_the_time_over_the_limit_and_sets_the_stale_bodies_apart() -> None:
+    def entry(event: str, task: str, at: float) -> Entry:
+        return Entry(event, task, 0, 1, at)
+
+    ledger = [  # limit 2: two stale bodies 0-10, two fresh ones from 3 (the window 3-10)
+        entry("start", "s1", 0.0),
+        entry("start", "s2", 0.0),
+        entry("start", "f1", 3.0),
+        entry("start", "f2", 4.0),
+        entry("end", "s1", 9.0),
+        entry("end", "s2", 10.0),
+        entry("end", "f1", 12.0),
+        entry("end", "f2", 12.0),
+    ]
+    window, first, last, worst = overlap(ledger, 2, {"s1", "s2"})
+    assert (window, first, last, worst) == (7.0, 3.0, 10.0, 2)
+    # a third fresh body beside them is over the limit even without the stale ones
+    ledger.append(entry("start", "f3", 11.0))
+    ledger.append(entry("end", "f3", 11.5))
+    assert overlap(ledger, 2, {"s1", "s2"})[3] == 3
