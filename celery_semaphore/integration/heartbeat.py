@@ -58,6 +58,12 @@ SWEEP_SLICE = 0.2
 #: units freed by an expired lease wake it, as a release would
 WAITED_SWEEP = 60.0
 
+#: seconds until a lease refresh that failed (Redis unreachable) is tried again, rather than
+#: a whole interval (a third of the lease): a body whose permit was taken back meanwhile (its
+#: node cut off longer than its liveness record lives) learns it about this soon after
+#: Redis answers again
+REFRESH_RETRY = 1.0
+
 #: a callable naming semaphores this process waits on right now (e.g. a gate's held tasks)
 Source = Callable[[], Iterable[Semaphore]]
 
@@ -72,6 +78,8 @@ class _Entry:
     #: the try_acquire arguments that take the permit again after its semaphore's state was
     #: lost (weight, partition and its cap, owner, lease); None: the permit's weight alone
     reacquire: Mapping[str, Any] | None = None
+    #: its last refresh failed (the failure was logged; the next is logged at DEBUG)
+    failing: bool = False
 
 
 class Heartbeat:
@@ -228,7 +236,8 @@ class Heartbeat:
         for entry in entries:
             if entry.due <= now:
                 self._refresh(entry)
-                entry.due = clock.monotonic() + entry.interval
+                wait = min(REFRESH_RETRY, entry.interval) if entry.failing else entry.interval
+                entry.due = clock.monotonic() + wait
             next_due = min(next_due, entry.due)
         if self._round or self._sweep_wanted():
             # a slice of the sweep, ending before the next lease is due
@@ -352,14 +361,17 @@ class Heartbeat:
         try:
             alive = permit.refresh()
         except Exception as exc:  # a Redis blip: keep going, the lease has slack
-            log.warning(
+            say = log.debug if entry.failing else log.warning
+            say(
                 "lease refresh failed (token %s): %s; will retry",
                 permit.token,
                 exc,
                 semaphore=permit.semaphore.name,
                 task_id=entry.task_id,
             )
+            entry.failing = True
             return
+        entry.failing = False
         if alive or permit.released:
             return
         try:

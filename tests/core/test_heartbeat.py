@@ -19,6 +19,8 @@ from redis.retry import Retry
 from celery_semaphore import Permit, Semaphore
 from celery_semaphore.integration import events
 from celery_semaphore.integration.heartbeat import Heartbeat
+from celery_semaphore.ops.testing import RedisServer
+from tests.chaos.proxy import Proxy
 from tests.conftest import SemaphoreFactory
 from tests.log_records import LogRecords, containing
 
@@ -292,3 +294,42 @@ def test_a_forced_release_is_counted_as_a_reclaim_and_an_expired_lease_is_not(
     assert forced_ones == [(1, "t-forced")]  # (the expired lease: reason "expired", by a sweep)
     lost_tasks = {f["task_id"] for kind, f in seen if kind == "lease_lost"}
     assert lost_tasks >= {"t-forced", "t-expired"}
+
+
+def test_a_failed_refresh_is_tried_again_within_a_second_and_said_once(
+    redis_server: RedisServer, key_prefix: str, heartbeat_records: LogRecords
+) -> None:
+    """A refresh that fails (Redis unreachable) is tried again a second later, not a whole
+    interval later: a body whose permit was taken back while its node was cut off learns it
+    about a second after Redis answers again.  The failure is logged once at WARNING."""
+    proxy = Proxy(redis_server.port, redis_server.host)
+    client = redis.Redis.from_url(
+        proxy.url(0), socket_connect_timeout=0.2, retry=Retry(NoBackoff(), 0)
+    )
+    sem = Semaphore("hb-retry", 1, redis=client, key_prefix=key_prefix, lease_ttl=60)
+    beat = Heartbeat()
+    permit = sem.acquire(blocking=False)
+    assert permit is not None
+    try:
+        proxy.set_mode("refuse")
+        beat.register(permit, interval=5.0, task_id="t-retry")  # the first refresh in 5 s
+        failed = containing("lease refresh failed")
+        assert heartbeat_records.wait_count(failed, 2, 15)  # at 5 s, then about 6 s
+        before = permit.lease_expires_at
+        proxy.set_mode("pass")
+        back = time.monotonic()
+        deadline = back + 4.0
+        while permit.lease_expires_at == before and time.monotonic() < deadline:
+            time.sleep(0.05)
+        # an interval-long wait would refresh 4 s after the second failure at the earliest
+        assert permit.lease_expires_at > before, "not refreshed within 4 s of Redis coming back"
+        assert time.monotonic() - back < 2.5
+        said = [r for r in heartbeat_records.records if failed(r)]
+        assert [r.levelno for r in said][:2] == [logging.WARNING, logging.DEBUG]
+        assert sum(1 for r in said if r.levelno == logging.WARNING) == 1
+    finally:
+        beat.unregister(permit)
+        proxy.set_mode("pass")
+        permit.release()
+        client.close()
+        proxy.close()
