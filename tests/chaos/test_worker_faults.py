@@ -26,6 +26,10 @@ pytestmark = [pytest.mark.chaos, pytest.mark.timeout(150)]
 
 LEASE = 10.0
 LOST = ("FAILURE:WorkerLostError",)
+#: how soon a lost body's permit must be back: the reaper's round (0.1 s) + its dead-child grace
+#: (0.2 s) + a node's busy hub holding the GIL on a loaded CI host; the defect these bounds
+#: guard, a permit left to its lease, takes LEASE (10 s)
+RELEASED_WITHIN = 2.5
 
 
 @pytest.fixture(scope="module")
@@ -81,7 +85,7 @@ def test_sigkill_child_mid_task(chaos: Chaos, cluster: tuple[Chaos, list[Worker]
     os.kill(pid, signal.SIGKILL)
     took = _released_after(chaos, victim.id, 5.0)
     measure("SIGKILL prefork child", "permit back after the kill", took)
-    assert took < 1.0
+    assert took < RELEASED_WITHIN
     chaos.assert_promise()
     # given back once, and said once (the gate, the reaper and Celery's task_failure all
     # learn of the loss; whichever releases first logs it, the others find nothing held)
@@ -105,7 +109,7 @@ def test_hard_and_soft_time_limits(chaos: Chaos) -> None:
     wait_until(lambda: hard[0].ready(), 30, what="the hard time limit fires")
     took = _released_after(chaos, hard[0].id, 5.0)
     measure("hard time limit", "permit back after the task failed", took)
-    assert took < 1.0
+    assert took < RELEASED_WITHIN
     report = chaos.assert_promise()
     assert all(r.get(timeout=10) == "soft" for r in soft)
     assert report.states["FAILURE:TimeLimitExceeded"] == 1

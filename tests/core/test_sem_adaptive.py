@@ -114,19 +114,21 @@ def test_without_adaptive_a_throttle_pauses_and_counts_but_lowers_nothing(
     make_semaphore: SemaphoreFactory,
 ) -> None:
     sem = make_semaphore("plain", 4)
-    result = sem.throttled(retry_after=0.3)
+    # a pause of 2 s: the checks that it is on, a few calls later, hold on a slow host too
+    result = sem.throttled(retry_after=2.0)
+    thrown = time.monotonic()  # the pause began before this (and ends 2 s after it began)
     assert not result.decreased
     assert result.effective_limit == 4
     assert result.paused_for is not None
-    assert 0.2 < result.paused_for <= 0.3
+    assert 1.0 < result.paused_for <= 2.0
     snap = sem.inspect()
     assert (snap.effective_limit, snap.adaptive_limit, snap.adaptive) == (4, None, False)
     assert snap.paused_for is not None
     assert snap.throttles_total == 1
     assert snap.last_throttle_age is not None
-    assert 0 <= snap.last_throttle_age < 0.3
+    assert 0 <= snap.last_throttle_age < 1.0
     assert sem.acquire(blocking=False) is None  # paused
-    time.sleep(0.35)
+    time.sleep(max(0.0, thrown + 2.0 + 0.05 - time.monotonic()))  # the pause is over
     permit = sem.acquire(blocking=False)
     assert permit is not None
     permit.release()
@@ -142,7 +144,9 @@ def test_without_adaptive_a_throttle_pauses_and_counts_but_lowers_nothing(
 def test_no_grant_during_the_pause_and_waiters_wake_after_it_without_any_release(
     make_semaphore: SemaphoreFactory,
 ) -> None:
-    pause = 0.6
+    # 2 s: long enough that the checks made during it (a sleep's overshoot and a slow host
+    # allowed for) come before its end
+    pause = 2.0
     # poll_interval 30 s: only the pause's end can wake a waiter (nobody releases until the
     # end); not adaptive, so the limit stays 3 and the pause is the only constraint
     sem = make_semaphore("pause", 3, poll_interval=30.0, lease_ttl=30.0)
@@ -172,7 +176,9 @@ def test_no_grant_during_the_pause_and_waiters_wake_after_it_without_any_release
     for t in pool:
         t.start()
     assert sem.acquire(blocking=False) is None  # no barging during the pause
-    time.sleep(max(0.0, ends - 0.1 - time.monotonic()))
+    # 0.7 s before the end (a sleep may overshoot): the waiters have been blocked well over
+    # a second by then, which is ample time for a wrong grant to show
+    time.sleep(max(0.0, ends - 0.7 - time.monotonic()))
     assert not got  # nobody started during the pause ...
     assert sem.inspect().grants_total == grants_before  # ... by the library's count either
     deadline = time.monotonic() + 5
@@ -182,7 +188,8 @@ def test_no_grant_during_the_pause_and_waiters_wake_after_it_without_any_release
     assert set(got) == {"a", "b", "c"}  # the limit's worth, in line order: "d" still waits
     stamps = sorted(at for at, _ in got.values())
     assert stamps[0] >= ends - EPS, stamps[0] - ends
-    assert stamps[-1] <= ends + 0.5, stamps[-1] - ends  # woke by themselves, soon after
+    # woke by themselves, soon after (1.5 s for a slow host; the poll would take 30 s)
+    assert stamps[-1] <= ends + 1.5, stamps[-1] - ends
     assert sem.release_token("a")
     for t in pool:
         t.join(timeout=15)

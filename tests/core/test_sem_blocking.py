@@ -15,6 +15,14 @@ from celery_semaphore import AttemptStatus, Permit, Semaphore, SemaphoreTimeout
 
 SemaphoreFactory = Callable[..., Semaphore]
 WAIT = 5.0
+#: a waiter woken by a wake-up has its permit within this (a loaded CI host can stall a thread
+#: for a good part of a second); a waiter that is not woken waits for its poll, POLL
+WOKEN = 2.0
+#: the poll interval of the wake-up tests: far beyond WOKEN and beyond a waiter's own timeout
+#: (BLOCK_FOR), so that no poll can pass for a wake-up
+POLL = 30.0
+#: how long a test's blocked waiter waits at most (then it gives up, without a permit)
+BLOCK_FOR = 10.0
 
 
 def _wait_until(predicate: Callable[[], bool], timeout: float = WAIT) -> None:
@@ -26,7 +34,7 @@ def _wait_until(predicate: Callable[[], bool], timeout: float = WAIT) -> None:
 
 
 class _Blocked(threading.Thread):
-    def __init__(self, sem: Semaphore, timeout: float = WAIT) -> None:
+    def __init__(self, sem: Semaphore, timeout: float = BLOCK_FOR) -> None:
         super().__init__(daemon=True)
         self.sem = sem
         self.timeout = timeout
@@ -54,7 +62,7 @@ def _block_one(sem: Semaphore) -> _Blocked:
 
 
 def test_release_wakes_a_blocked_waiter_without_polling(make_semaphore: SemaphoreFactory) -> None:
-    sem = make_semaphore("wake", 1, poll_interval=5.0)  # a poll would take 5 s
+    sem = make_semaphore("wake", 1, poll_interval=POLL)
     holder = sem.acquire(blocking=False)
     assert holder is not None
     waiter = _block_one(sem)
@@ -62,17 +70,17 @@ def test_release_wakes_a_blocked_waiter_without_polling(make_semaphore: Semaphor
     assert not waiter.done.is_set()
     released_at = time.monotonic()
     assert holder.release() is True
-    assert waiter.done.wait(0.5), "the waiter was not woken by the release"
+    assert waiter.done.wait(WOKEN), "the waiter was not woken by the release"
     assert waiter.error is None
     assert waiter.permit is not None
-    assert waiter.granted_at - released_at < 0.5
+    assert waiter.granted_at - released_at < WOKEN
     assert [h.token for h in sem.holders()] == [waiter.permit.token]
     assert sem.waiters() == []
     waiter.permit.release()
 
 
 def test_withdrawing_head_wakes_the_next_waiter(make_semaphore: SemaphoreFactory) -> None:
-    sem = make_semaphore("wake-withdraw", 2, poll_interval=5.0)
+    sem = make_semaphore("wake-withdraw", 2, poll_interval=POLL)
     holder = sem.acquire(blocking=False)
     assert holder is not None
     head = sem.new_ticket()
@@ -81,7 +89,7 @@ def test_withdrawing_head_wakes_the_next_waiter(make_semaphore: SemaphoreFactory
     time.sleep(0.1)
     assert not waiter.done.is_set()
     assert sem.withdraw(head) is True
-    assert waiter.done.wait(0.5), "the waiter was not woken when the head left"
+    assert waiter.done.wait(WOKEN), "the waiter was not woken when the head left"
     assert waiter.permit is not None
     waiter.permit.release()
     holder.release()
@@ -92,7 +100,7 @@ def test_head_leaving_by_an_unqueued_attempt_wakes_the_next_waiter(
 ) -> None:
     # A ticket in line that tries once more without keeping its place (place_ttl=0, the
     # try_acquire default) leaves the line; the units it stood in front of go to those behind.
-    sem = make_semaphore("wake-leave", 2, poll_interval=5.0)
+    sem = make_semaphore("wake-leave", 2, poll_interval=POLL)
     holder = sem.acquire(blocking=False)
     assert holder is not None
     head = sem.new_ticket()
@@ -101,7 +109,7 @@ def test_head_leaving_by_an_unqueued_attempt_wakes_the_next_waiter(
     time.sleep(0.1)
     assert not waiter.done.is_set()
     assert sem.try_acquire(head, weight=2).permit is None  # not granted, place given up
-    assert waiter.done.wait(0.5), "the waiter was not woken when the head left the line"
+    assert waiter.done.wait(WOKEN), "the waiter was not woken when the head left the line"
     assert waiter.permit is not None
     assert [w.ticket for w in sem.waiters()] == []
     waiter.permit.release()
@@ -110,7 +118,7 @@ def test_head_leaving_by_an_unqueued_attempt_wakes_the_next_waiter(
 
 def test_weight_lowered_by_head_wakes_the_next_waiter(make_semaphore: SemaphoreFactory) -> None:
     # The head asks again for less and is granted; what is left over belongs to the next one.
-    sem = make_semaphore("wake-lighter", 3, poll_interval=5.0)
+    sem = make_semaphore("wake-lighter", 3, poll_interval=POLL)
     holder = sem.acquire(blocking=False)
     assert holder is not None
     head = sem.new_ticket()
@@ -119,7 +127,7 @@ def test_weight_lowered_by_head_wakes_the_next_waiter(make_semaphore: SemaphoreF
     time.sleep(0.1)
     lighter = sem.try_acquire(head, weight=1, place_ttl=10.0)
     assert lighter.permit is not None
-    assert waiter.done.wait(0.5), "the waiter was not woken by the head's lighter grant"
+    assert waiter.done.wait(WOKEN), "the waiter was not woken by the head's lighter grant"
     assert waiter.permit is not None
     waiter.permit.release()
     lighter.permit.release()
@@ -129,7 +137,7 @@ def test_weight_lowered_by_head_wakes_the_next_waiter(make_semaphore: SemaphoreF
 def test_reclaimed_lease_wakes_a_blocked_waiter(
     make_semaphore: SemaphoreFactory, redis_client: redis.Redis
 ) -> None:
-    sem = make_semaphore("wake-reclaim", 1, poll_interval=5.0)
+    sem = make_semaphore("wake-reclaim", 1, poll_interval=POLL)
     holder = sem.acquire(blocking=False)
     assert holder is not None
     waiter = _block_one(sem)
@@ -137,7 +145,7 @@ def test_reclaimed_lease_wakes_a_blocked_waiter(
     # the holder's process died: its lease runs out, and the next operation reclaims it
     redis_client.zadd(sem.keys.expiry, {"h:" + holder.token: 0}, xx=True)
     assert sem.reclaim() == 1
-    assert waiter.done.wait(0.5), "the waiter was not woken when the lease was reclaimed"
+    assert waiter.done.wait(WOKEN), "the waiter was not woken when the lease was reclaimed"
     assert waiter.permit is not None
     waiter.permit.release()
 
@@ -145,7 +153,7 @@ def test_reclaimed_lease_wakes_a_blocked_waiter(
 def test_a_sweep_reclaims_wakes_and_reads_the_boot_marker_in_one_call(
     make_semaphore: SemaphoreFactory, redis_client: redis.Redis
 ) -> None:
-    sem = make_semaphore("sweep", 1, poll_interval=5.0)
+    sem = make_semaphore("sweep", 1, poll_interval=POLL)
     reclaimed, marker, fence = sem.sweep()  # a fresh state: the sweep writes its marker
     assert (reclaimed, fence) == (0, 0)
     assert sem.boot_marker() == (False, marker, 0)
@@ -155,7 +163,7 @@ def test_a_sweep_reclaims_wakes_and_reads_the_boot_marker_in_one_call(
     time.sleep(0.1)
     redis_client.zadd(sem.keys.expiry, {"h:" + holder.token: 0}, xx=True)  # its process died
     assert sem.sweep() == (1, marker, holder.fencing_token)
-    assert waiter.done.wait(0.5), "the waiter was not woken when the sweep reclaimed the lease"
+    assert waiter.done.wait(WOKEN), "the waiter was not woken when the sweep reclaimed the lease"
     assert waiter.permit is not None
     waiter.permit.release()
     redis_client.delete(sem.keys.state)  # the state is lost: the next sweep finds a new marker
@@ -168,7 +176,7 @@ def test_lease_reclaimed_by_another_operation_wakes_waiters(
 ) -> None:
     # Units freed by the reclaim that starts every operation belong to the waiters in line,
     # and those must be woken by whoever freed them, whatever the operation.
-    sem = make_semaphore("wake-any-op", 2, poll_interval=5.0)
+    sem = make_semaphore("wake-any-op", 2, poll_interval=POLL)
     dead = sem.acquire(blocking=False)
     alive = sem.acquire(blocking=False)
     assert dead is not None
@@ -181,7 +189,7 @@ def test_lease_reclaimed_by_another_operation_wakes_waiters(
         assert sem.acquire(blocking=False) is None
     else:
         assert alive.refresh() is True
-    assert waiter.done.wait(0.5), f"the waiter was not woken after a reclaiming {trigger}"
+    assert waiter.done.wait(WOKEN), f"the waiter was not woken after a reclaiming {trigger}"
     assert waiter.permit is not None
     waiter.permit.release()
     alive.release()
@@ -190,7 +198,7 @@ def test_lease_reclaimed_by_another_operation_wakes_waiters(
 def test_granted_newcomer_wakes_the_waiters_the_reclaim_freed(
     make_semaphore: SemaphoreFactory, redis_client: redis.Redis
 ) -> None:
-    sem = make_semaphore("wake-granted", 2, poll_interval=5.0)
+    sem = make_semaphore("wake-granted", 2, poll_interval=POLL)
     dead = [sem.acquire(blocking=False) for _ in range(2)]
     waiter = _block_one(sem)
     time.sleep(0.1)
@@ -200,7 +208,7 @@ def test_granted_newcomer_wakes_the_waiters_the_reclaim_freed(
     # the newcomer's acquire frees two units: one is the waiter's, the other the newcomer's
     newcomer = sem.acquire(blocking=False)
     assert newcomer is not None
-    assert waiter.done.wait(0.5), "the waiter was not woken by the reclaiming grant"
+    assert waiter.done.wait(WOKEN), "the waiter was not woken by the reclaiming grant"
     assert waiter.permit is not None
     waiter.permit.release()
     newcomer.release()
@@ -333,14 +341,14 @@ def test_limit_override(make_semaphore: SemaphoreFactory) -> None:
 
 
 def test_raising_the_override_wakes_waiters(make_semaphore: SemaphoreFactory) -> None:
-    sem = make_semaphore("override-wake", 3, poll_interval=5.0)
+    sem = make_semaphore("override-wake", 3, poll_interval=POLL)
     sem.set_limit_override(1)
     holder = sem.acquire(blocking=False)
     assert holder is not None
     waiter = _block_one(sem)
     time.sleep(0.1)
     sem.set_limit_override(2)
-    assert waiter.done.wait(0.5)
+    assert waiter.done.wait(WOKEN)
     assert waiter.permit is not None
 
 

@@ -281,7 +281,8 @@ def test_keep_newest_wakes_a_blocked_waiter_with_semaphore_full(
         AttemptStatus.WAITING
     )
     thread.join(WAIT)
-    assert time.monotonic() - started < 2.0  # woken, not found at its 10 s poll
+    # woken, not found at its 10 s poll (3 s: a thread stalled on a loaded host)
+    assert time.monotonic() - started < 3.0
     assert len(errors) == 1
     assert errors[0].dropped
     assert _order(sem) == ["newer"]

@@ -421,9 +421,9 @@ def by_tier(self: Any, tenant: str, tier: str, tag: str) -> str:
 
 
 @app.task(bind=True)
-@limited("main", limit=LIMIT, lease_ttl=LEASE, max_wait=4.0)
-def waits_four(self: Any, tag: str) -> str:
-    """Gives up 4 s after it first arrived, however it waited meanwhile (held, parked)."""
+@limited("main", limit=LIMIT, lease_ttl=LEASE, max_wait=7.0)
+def waits_seven(self: Any, tag: str) -> str:
+    """Gives up 7 s after it first arrived, however it waited meanwhile (held, parked)."""
     with Body(tag):
         pass
     return tag

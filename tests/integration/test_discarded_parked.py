@@ -33,9 +33,12 @@ def test_a_discarded_parked_task_does_not_block_its_line(env: Env, how: str) -> 
     worker = start_worker(env, pool="prefork", concurrency=4)
     app = env.client_app()
     try:
-        busy = [app.send_task(proj.work.name, (f"h{i}", 2.0)) for i in range(env.limit)]
+        # the holders run 5 s: the victim and the task behind it park well before they end,
+        # on a slow host too, and the victim (expires 3 s after it is sent, up to 2 s after
+        # the holders began) is past its expiry before the release that would wake it
+        busy = [app.send_task(proj.work.name, (f"h{i}", 5.0)) for i in range(env.limit)]
         wait_until(lambda: len(holders(env)) == env.limit, 20, what="the holders run")
-        options: dict[str, Any] = {"expires": 1.0} if how == "expires" else {}
+        options: dict[str, Any] = {"expires": 3.0} if how == "expires" else {}
         victim = app.send_task(proj.parks_long.name, ("victim",), **options)
         wait_until(lambda: f"{victim.id}:0" in _tickets(env), 10, what="the victim parked")
         behind = app.send_task(proj.parks_long.name, ("behind",))

@@ -162,23 +162,32 @@ def _held_by(env: Env, task_id: str) -> bool:
     return any(h.owner.get("task_id") == task_id for h in holders(env))
 
 
-def test_hard_time_limit_parent_releases_within_a_second(env: Env) -> None:
+#: how soon the parent gives a lost child's permit back: its reaping (a round of 0.1 s, a dead
+#: child's grace of 0.2 s) and a busy hub on a loaded CI host; left to its lease it takes 60 s
+PARENT_RELEASES_WITHIN = 2.0
+
+
+def test_hard_time_limit_parent_releases_within_two_seconds(env: Env) -> None:
     app = env.client_app()
     result = app.send_task(proj.hard_limited.name, ("hard",))
     wait_until(lambda: _held_by(env, result.id), 20, what="hard_limited holds a permit")
     with pytest.raises(TimeLimitExceeded):
         result.get(timeout=30)
     failed_at = time.monotonic()
-    wait_until(lambda: not _held_by(env, result.id), 1.0, what="released by the parent")
-    assert time.monotonic() - failed_at < 1.0
+    wait_until(
+        lambda: not _held_by(env, result.id), PARENT_RELEASES_WITHIN, what="released by the parent"
+    )
+    assert time.monotonic() - failed_at < PARENT_RELEASES_WITHIN
 
 
-def test_killed_child_permit_back_within_a_second(env: Env) -> None:
+def test_killed_child_permit_back_within_two_seconds(env: Env) -> None:
     app = env.client_app()
     result = app.send_task(proj.suicide.name, ("killed",))
     with pytest.raises(WorkerLostError):
         result.get(timeout=30)
-    wait_until(lambda: not _held_by(env, result.id), 1.0, what="released by the parent")
+    wait_until(
+        lambda: not _held_by(env, result.id), PARENT_RELEASES_WITHIN, what="released by the parent"
+    )
 
 
 def test_revoke_terminate_releases(env: Env) -> None:

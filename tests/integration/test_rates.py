@@ -90,9 +90,10 @@ def test_rate_holds_across_nodes(env: Env) -> None:
     # 25 starts, 5 per 1.5 s: the 25th can start 6 s after the first at the earliest
     assert starts[-1] - starts[0] >= 6.0 - SLACK, starts
     assert took >= 6.0 - SLACK
-    # each start about one period after the start 5 before it
+    # each start about one period after the start 5 before it (0.3 s for slow hops; the 1 s
+    # tick would make it 2 s)
     gaps = sorted(b - a for a, b in zip(starts, starts[5:], strict=False))
-    assert statistics.median(gaps) <= 1.5 + 0.2, gaps
+    assert statistics.median(gaps) <= 1.5 + 0.3, gaps
     assert 1 <= max_inside(env, "rate-bound") <= 8
     _no_leak(env, "rate-bound")
 

@@ -28,8 +28,9 @@ from .workers import Env, Worker, prefork_pair, wait_until
 pytestmark = pytest.mark.timeout(150)
 
 INTERVAL = proj_spaced.SPACED.interval
-#: how much closer than the interval two bodies may read their starts (see the docstring)
-JITTER = 0.25
+#: how much closer than the interval two bodies may read their starts (see the docstring):
+#: one hop delayed by a busy CI host, the next not.  Bursts are 0 s apart, still far below.
+JITTER = 0.4
 
 
 @pytest.fixture(scope="module", params=["gate", "no-gate"])
@@ -74,7 +75,8 @@ def _wait_for_a_quiet_rate(env: Env) -> Semaphore:
 def test_spaced_starts_across_nodes(env: Env) -> None:
     """12 tasks sent at once: they start one by one, INTERVAL apart (not two at once), the
     units never exceeded, and nothing left behind."""
-    _wait_for_a_quiet_rate(env)
+    sem = _wait_for_a_quiet_rate(env)
+    grants_before = sem.inspect().grants_total
     app = env.client_app()
     try:
         results = [app.send_task(proj_spaced.spaced.name, (f"s{i}",)) for i in range(12)]
@@ -87,8 +89,12 @@ def test_spaced_starts_across_nodes(env: Env) -> None:
     gaps = _gaps(starts)
     assert min(gaps) >= INTERVAL - JITTER, gaps
     # evenly: each start comes when it is due, not later (the head retries when the script
-    # says the next start is due; nobody releases then)
-    assert statistics.median(gaps) <= INTERVAL + 0.15, gaps
+    # says the next start is due; nobody releases then).  0.3 s for slow hops; a gate that
+    # only noticed at its 1 s tick would space them about 1 s apart
+    # (the grants made, when it fails: more than 12 means starts given back unused, each
+    # costing an interval, which shows as gaps of whole intervals)
+    grants = sem.inspect().grants_total - grants_before
+    assert statistics.median(gaps) <= INTERVAL + 0.3, (gaps, f"{grants} grants")
     assert starts[-1] - starts[0] >= 11 * INTERVAL - JITTER, starts
     assert 1 <= max_inside(env, "spaced") <= proj_spaced.SPACED_LIMIT
     _no_leak(env)

@@ -20,7 +20,7 @@ import pytest
 from celery import Celery
 
 from . import proj
-from .helpers import ledger, started_at
+from .helpers import finished_at, ledger, started_at
 from .workers import Env, start_worker, wait_until
 
 pytestmark = pytest.mark.timeout(120)
@@ -98,11 +98,17 @@ def test_a_waiting_task_is_started_once_when_its_body_runs(
         first = app.send_task(proj.work.name, ("first", 3.0))
         wait_until(lambda: first.state == "STARTED", 20, what="the first body runs")
         second = app.send_task(proj.work.name, ("second", 1.5))
+        # sampled while first's body runs (its ledger entry is written as the body ends, while
+        # the permit is still held): first's permit is released before its SUCCESS is stored,
+        # so between the two the second can rightly be STARTED already
         seen_waiting = []
-        while not first.ready():
+        for _ in range(400):  # 20 s at most; first's body runs 3 s
+            if "first" in finished_at(env):
+                break
             seen_waiting.append(second.state)
             time.sleep(0.05)
-        assert first.get(timeout=5) == "first"
+        assert "first" in finished_at(env), "the first body did not end in 20 s"
+        assert first.get(timeout=10) == "first"
         assert "STARTED" not in seen_waiting, f"STARTED while it waited: {seen_waiting}"
         wait_until(lambda: second.state in ("STARTED", "SUCCESS"), 20, what="the second body runs")
         assert second.state == "STARTED"  # its body runs 1.5 s
