@@ -30,6 +30,9 @@ SERIAL_FILES = frozenset(
         "tests/integration/test_heartbeat.py",
         # liveness records of 0.5 s and 0.6 s; a dead node's permits back within a bound
         "tests/integration/test_dead_node.py",
+        # the median gap between spaced starts across two nodes, within 0.3 s of the interval
+        # (once in 21 runs beside busy neighbours: a median of a whole interval more)
+        "tests/integration/test_spaced_rates.py",
     }
 )
 
