@@ -19,6 +19,11 @@ tasks: :meth:`Heartbeat.add_source`), and those pinned with :meth:`Heartbeat.wat
 this process neither holds nor waits on costs nothing here: its expired leases are taken back
 by the next script that runs for it anyway (every acquire, refresh and release reclaims first).
 
+A lease refresh that fails is tried again a second later (:data:`REFRESH_RETRY`), and when a
+sweep finds a Redis that failed answering again, the leases on it are refreshed at once: a
+node cut off from Redis for longer than its liveness record lives learns that its permits
+were taken about a second after Redis is back, not at its next interval.
+
 A sweep never holds up a lease refresh: it works in slices of at most :data:`SWEEP_SLICE`
 seconds between the refreshes.  A Redis client that fails a sweep is not tried again in the
 same round, so a thousand names on a Redis that is down cost one failed call a second, not a
@@ -30,7 +35,6 @@ from __future__ import annotations
 import math
 import os
 import threading
-import time
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -41,6 +45,7 @@ from ..core import clock
 from ..core.group import GroupPermit
 from ..core.semaphore import Permit, Semaphore
 from . import events, restart
+from .lost import log_loss
 
 __all__ = ["Heartbeat", "heartbeat"]
 
@@ -99,6 +104,9 @@ class Heartbeat:
         self._round: deque[Semaphore] = deque()
         #: ids of the Redis clients that failed in this round (their semaphores are skipped)
         self._failed: set[int] = set()
+        #: ids of the Redis clients whose last sweep failed: when one answers again, the
+        #: leases on it are refreshed at once (see _answered)
+        self._unreachable: set[int] = set()
         #: when the thread wakes next (inf while it works out its next sleep): a new permit
         #: due later needs no wake-up, which saves a thread switch per task
         self._wake_at = math.inf
@@ -271,9 +279,25 @@ class Heartbeat:
                 continue  # its Redis failed earlier in this round
             if not self._sweep_one(sem):
                 self._failed.add(client)
+                self._unreachable.add(client)
+            elif client in self._unreachable:
+                self._answered(client)
             if clock.monotonic() >= stop:
                 break
         return not self._round
+
+    def _answered(self, client: int) -> None:
+        """The Redis client ``client`` answers again: refresh the leases on it now, not at
+        their next interval, so a permit taken back meanwhile (a node cut off for longer than
+        its liveness record lives) is known lost about a second after Redis is back."""
+        self._unreachable.discard(client)
+        now = clock.monotonic()
+        with self._lock:
+            for entry in self._entries.values():
+                permit = entry.permit
+                members = permit.permits if isinstance(permit, GroupPermit) else (permit,)
+                if any(id(m.semaphore.client) == client for m in members):
+                    entry.due = min(entry.due, now)
 
     def _sweep_one(self, sem: Semaphore) -> bool:
         """Check ``sem``'s state and take back its expired leases (one round trip); False
@@ -381,7 +405,7 @@ class Heartbeat:
         if lost_state and self._reassert(entry):
             return
         self.unregister(permit)
-        forced = _log_loss(permit, entry.task_id)
+        forced = log_loss(permit, entry.task_id)
         # ops: events
         events.emit(
             "lease_lost", name=permit.semaphore.name, task_id=entry.task_id, token=permit.token
@@ -398,50 +422,6 @@ class Heartbeat:
                     semaphore=permit.semaphore.name,
                     task_id=entry.task_id,
                 )
-
-
-def _log_loss(permit: Any, task_id: str | None) -> bool:
-    """Say why a running task's permit is gone: an operator forced its release (the reason
-    they left), or its lease expired and was reclaimed, or another caller released it.  True
-    for a forced release."""
-    sem = permit.semaphore
-    try:
-        reason = sem.release_reason(permit.token) if isinstance(sem, Semaphore) else None
-    except Exception:  # Redis failing: say what the lease tells
-        reason = None
-    if reason:
-        log.warning(
-            "permit RELEASED (token %s): %s; this task keeps running without it, so another "
-            "task may now hold this unit",
-            permit.token,
-            reason,
-            semaphore=sem.name,
-            task_id=task_id,
-        )
-        return True
-    if permit.lease_expires_at <= time.time() + EXPIRY_SLACK:
-        log.error(
-            "permit LOST (token %s): its lease expired and was reclaimed, so another task may "
-            "now hold this unit",
-            permit.token,
-            semaphore=sem.name,
-            task_id=task_id,
-        )
-        return False
-    log.error(
-        "permit LOST (token %s): released by another caller before its lease expired (a "
-        "release_token() call or a reset without a reason), so another task may now hold "
-        "this unit",
-        permit.token,
-        semaphore=sem.name,
-        task_id=task_id,
-    )
-    return False
-
-
-#: seconds of clock difference between this host and Redis tolerated when telling an expired
-#: lease from an early release
-EXPIRY_SLACK = 1.0
 
 
 #: the process-wide heartbeat

@@ -333,3 +333,39 @@ def test_a_failed_refresh_is_tried_again_within_a_second_and_said_once(
         permit.release()
         client.close()
         proxy.close()
+
+
+def test_leases_are_refreshed_at_once_when_their_redis_answers_again(
+    redis_server: RedisServer,
+    redis_client: redis.Redis,
+    key_prefix: str,
+    heartbeat_records: LogRecords,
+) -> None:
+    """Cut off from Redis, a process cannot learn that its permit was taken meanwhile (as a
+    dead process's is, once its liveness record expires); it learns it at the first refresh
+    after Redis is back.  That refresh comes as soon as a sweep finds Redis answering, not at
+    the lease's next interval (30 s here)."""
+    proxy = Proxy(redis_server.port, redis_server.host)
+    client = redis.Redis.from_url(
+        proxy.url(0), socket_connect_timeout=0.2, retry=Retry(NoBackoff(), 0)
+    )
+    sem = Semaphore("hb-back", 1, redis=client, key_prefix=key_prefix, lease_ttl=60)
+    beat = Heartbeat()
+    permit = sem.acquire(blocking=False)
+    assert permit is not None
+    lost = threading.Event()
+    try:
+        beat.register(permit, interval=30.0, task_id="t-back", on_lost=lambda p: lost.set())
+        proxy.set_mode("refuse")
+        assert heartbeat_records.wait_count(containing("sweep failed"), 1, 10)
+        # meanwhile its permit is taken back (fault injected: its lease ends now)
+        redis_client.zadd(sem.keys.expiry, {"h:" + permit.token: 0}, xx=True)
+        proxy.set_mode("pass")
+        back = time.monotonic()
+        assert lost.wait(10), "the lost permit was not noticed after Redis came back"
+        assert time.monotonic() - back < 3.0
+    finally:
+        beat.unregister(permit)
+        proxy.set_mode("pass")
+        client.close()
+        proxy.close()

@@ -116,7 +116,7 @@ def test_each_concern_has_one_logger_and_the_modules_of_that_concern_use_it() ->
         # the gate package's modules: see GATE_WAIT, GATE_RELEASE, GATE below
         "wait": {"asking", "slot", "slot_standby", "park", "wakes", "discarded", *GATE_WAIT},
         "release": {"hold", "slot", "signals", "heartbeat", *GATE_RELEASE},
-        "heartbeat": {"heartbeat"},
+        "heartbeat": {"heartbeat", "lost"},
         "restart": {"restart"},
         "gate": GATE,
         "config": {"signals", "connection"},
