@@ -18,7 +18,11 @@ slots.  (So with several lines, grants made at the same moment may outnumber the
 at most by that many per line, and such a grant waits for the next slot.)  The gate makes
 tasks ready as slots free (a body it sent to the pool ends, or the pool's count of running
 and queued work drops), the earliest of each line first, and makes the latest not ready
-again when other work takes the slots.  When other work keeps the pool's queue full, a task
+again when other work takes the slots.  "Earliest" is the task's place in line: its arrival
+moved earlier by its priority (``priority * priority_step``, as the semaphore orders its
+line); so the ready tasks of a line are always its first ones, and a task that arrives with a
+higher priority when no slot is left takes the place of the latest ready one (which stops
+being ready) rather than wait behind it.  When other work keeps the pool's queue full, a task
 not ready for :data:`QUEUE_AFTER` seconds goes to the pool to take its turn in that queue
 (its body asks for the permit as it starts), so a steady flow of other tasks never starves
 it.
@@ -30,7 +34,7 @@ the flags (see :mod:`.gate.ready`).
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any, Protocol, TypeVar
 
 __all__ = [
@@ -42,6 +46,7 @@ __all__ = [
     "pool_size",
     "queued",
     "surplus",
+    "swaps",
 ]
 
 #: a held task that has not been ready for this many seconds while the pool has work queued
@@ -64,7 +69,7 @@ class Held(Protocol):
     @property
     def busy(self) -> bool: ...
     @property
-    def since(self) -> float: ...
+    def order(self) -> float: ...
     @property
     def group(self) -> tuple[str, str]: ...
 
@@ -98,34 +103,51 @@ def queued(size: int, held_in_reserved: int) -> bool:
 H = TypeVar("H", bound=Held)
 
 
-def pick(entries: Iterable[H], free: int) -> list[H]:
-    """The held tasks to make ready: in each (semaphore, partition), the earliest tasks not
-    ready, until it has ``free`` ready tasks."""
-    ready: dict[tuple[str, str], int] = {}
-    waiting: dict[tuple[str, str], list[H]] = {}
+def _lines(entries: Iterable[H]) -> dict[tuple[str, str], list[H]]:
+    """The held tasks by (semaphore, partition), each in its order in line."""
+    lines: dict[tuple[str, str], list[H]] = {}
     for entry in entries:
-        ready.setdefault(entry.group, 0)
-        if entry.ready:
-            ready[entry.group] += 1
-        elif not entry.busy:
-            waiting.setdefault(entry.group, []).append(entry)
+        lines.setdefault(entry.group, []).append(entry)
+    for line in lines.values():
+        line.sort(key=lambda e: e.order)
+    return lines
+
+
+def pick(entries: Iterable[H], free: int) -> list[H]:
+    """The held tasks to make ready: in each (semaphore, partition), the earliest tasks in
+    line (``order``) not ready, until it has ``free`` ready tasks."""
     chosen: list[H] = []
-    for group, line in waiting.items():
-        line.sort(key=lambda e: e.since)
-        chosen += line[: max(0, free - ready[group])]
+    for line in _lines(entries).values():
+        room = free - sum(1 for e in line if e.ready)
+        chosen += [e for e in line if not e.ready and not e.busy][: max(0, room)]
     return chosen
+
+
+def swaps(
+    entries: Iterable[H], free: int, movable: Callable[[H], bool] = lambda e: True
+) -> list[tuple[H, H]]:
+    """When the ready tasks of a line already take all ``free`` slots (after :func:`pick`),
+    the pairs (earlier, later) to swap: a task not ready that stands in line before a ready
+    one (not busy, and ``movable``: it may be made not ready) becomes ready, and that later
+    one not ready, so a line's ready tasks are always its first ones.  The earliest waiting
+    task takes the latest ready one's place, and so on while the waiting one is earlier."""
+    pairs: list[tuple[H, H]] = []
+    for line in _lines(entries).values():
+        room = max(0, free - sum(1 for e in line if e.ready))
+        # those pick() makes ready are left out
+        waiting = [e for e in line if not e.ready and not e.busy][room:]
+        later = [e for e in reversed(line) if e.ready and not e.busy and movable(e)]
+        for early, late in zip(waiting, later, strict=False):
+            if early.order >= late.order:
+                break
+            pairs.append((early, late))
+    return pairs
 
 
 def surplus(entries: Iterable[H], free: int) -> list[H]:
     """The ready held tasks to make not ready: in each (semaphore, partition), the latest
-    ones beyond ``free`` (``entries`` that are busy are left alone)."""
-    ready: dict[tuple[str, str], list[H]] = {}
-    for entry in entries:
-        if entry.ready:
-            ready.setdefault(entry.group, []).append(entry)
+    ones in line (``order``) beyond ``free`` (``entries`` that are busy are left alone)."""
     chosen: list[H] = []
-    for line in ready.values():
-        line.sort(key=lambda e: e.since)
-        extra = line[max(0, free) :]
-        chosen += [e for e in extra if not e.busy]
+    for line in _lines(e for e in entries if e.ready).values():
+        chosen += [e for e in line[max(0, free) :] if not e.busy]
     return chosen

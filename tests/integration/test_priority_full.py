@@ -1,5 +1,6 @@
 """Priority and a bounded line on real workers: two prefork nodes (4 children each), with the
-worker's gate and without it (tasks wait in their slot or park in the broker).
+worker's gate and without it (tasks wait in their slot or park in the broker); and one prefork
+node with 2 children, where which held task is ready for the one free slot decides the order.
 
 The order bodies started in is read from their own ledger (:class:`tests.integration.proj.Body`),
 the line's size from the semaphore, sampled while the burst runs.
@@ -16,10 +17,11 @@ from celery.exceptions import TaskRevokedError
 
 from celery_semaphore import SemaphoreFull
 from celery_semaphore.ops.testing import RedisServer
+from tests.conftest import delete_prefix
 
 from . import proj_prio
 from .helpers import holders, inside, ran, reset_bookkeeping, semaphore, started
-from .workers import Env, Worker, prefork_pair, wait_until
+from .workers import Env, Worker, prefork_pair, wait_until, workers
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -50,7 +52,9 @@ def _running(env: Env, name: str) -> None:
     wait_until(lambda: inside(env, name) >= 1, 20, what=f"a body of {name} runs")
 
 
-def test_high_priority_overtakes_earlier_arrivals(env: Env) -> None:
+def _overtake(env: Env) -> list[str]:
+    """A blocker runs 4 s; 4 tasks of priority 0 wait in line, then one of priority 9: the
+    order the bodies started in."""
     app = env.client_app()
     try:
         blocker = app.send_task(proj_prio.ordered.name, ("blocker", 0, 4.0))
@@ -65,10 +69,51 @@ def test_high_priority_overtakes_earlier_arrivals(env: Env) -> None:
             result.get(timeout=60)
     finally:
         app.close()
-    order = started(env)
+    return started(env)
+
+
+def test_high_priority_overtakes_earlier_arrivals(env: Env) -> None:
+    # Only the first two are checked: the low tasks' order among themselves is their arrival
+    # at the semaphore, which is not the order they were sent in when two nodes hold them (a
+    # node's first call to Redis may come later than the other's).
+    order = _overtake(env)
     assert order[0] == "blocker"
     assert order[1] == "high", order
     _no_leak(env, "prio-order")
+
+
+@pytest.fixture(scope="module")
+def one_node(redis_server: RedisServer) -> Iterator[tuple[Env, Worker]]:
+    """One prefork node with 2 children and the gate (no standby: it keeps a slot free)."""
+    env = Env(
+        redis_url=redis_server.url(0),
+        broker_url=redis_server.url(0),
+        extra={"include": ["tests.integration.proj_prio"]},
+    )
+    try:
+        with workers(env, {"pool": "prefork", "concurrency": 2, "name": "one"}) as started_:
+            yield env, started_[0]
+    finally:
+        client = redis_server.client(0)
+        delete_prefix(client, env.prefix)
+        client.delete(env.queue)
+
+
+def test_high_priority_takes_the_one_free_slot_set_aside(one_node: tuple[Env, Worker]) -> None:
+    """With the blocker in one slot, one held task is ready for the other: the first in line.
+    The high task arrives last, when that slot is set aside for low0 already; it takes low0's
+    place (low0 stops being ready).  Before, readiness went by arrival at the worker: the
+    release granted low0, then each low task ahead of the high one (it ran last, every time)."""
+    env, node = one_node
+    try:
+        order = _overtake(env)
+        assert order == ["blocker", "high", "low0", "low1", "low2", "low3"], (
+            order,
+            node.log()[-4000:],
+        )
+        _no_leak(env, "prio-order")
+    finally:
+        reset_bookkeeping(env)
 
 
 def test_max_waiting_is_never_exceeded_by_a_burst_from_two_nodes(env: Env) -> None:

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ...core import clock
+from ...core.semaphore import Semaphore
 from .. import config, targets
 from ..delivery import Delivery, Stage
 from ..locks import Lock
@@ -63,6 +64,14 @@ class Entry:
     def group(self) -> tuple[str, str]:
         """Its semaphore and partition: the gate makes tasks ready fairly across these."""
         return (self.sem.name, self.plan.partition)
+
+    @property
+    def order(self) -> float:
+        """Its place in line, as the semaphore orders it (monotonic seconds): its arrival here,
+        moved earlier by ``priority * priority_step``.  A group's line has no priority."""
+        if isinstance(self.sem, Semaphore):
+            return self.since - self.plan.priority * self.sem.priority_step
+        return self.since
 
     @property
     def ticket(self) -> str:

@@ -95,7 +95,8 @@ class Ahead:
             # standbys not yet started in the pool are not in its count of active requests
             room = free_slots(self.consumer.pool) - standing.total() - (FREE_SLOTS - 1)
             want = min(want, room)
-            for entry in registry.held_entries():
+            # the earliest in line: a later one would stand by while the grant goes ahead of it
+            for entry in sorted(registry.held_entries(), key=lambda e: e.order):
                 if len(chosen) >= want:
                     break
                 if _may_stand_by(entry, name):

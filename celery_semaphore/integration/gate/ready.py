@@ -34,9 +34,11 @@ class Readying:
     def ready_more(self) -> None:
         """Make held tasks ready while the pool has free slots for them (in each line, the
         earliest, see :func:`..readiness.pick`), and try each at once: one whose turn has come
-        is granted.  Called every :data:`..readiness.READY_POLL` while held tasks are not
-        ready; it looks at every held task only when the free slots or the held tasks changed
-        since its last look, or :data:`..readiness.LOOK_AGAIN` seconds passed."""
+        is granted.  With no slot left, a task not ready that stands in line before a ready
+        one takes its place (:func:`..readiness.swaps`: the later one stops being ready).
+        Called every :data:`..readiness.READY_POLL` while held tasks are not ready; it looks
+        at every held task only when the free slots or the held tasks changed since its last
+        look, or :data:`..readiness.LOOK_AGAIN` seconds passed."""
         registry = self.registry
         with registry.lock:
             if self._stop.is_set() or registry.not_ready() <= 0:
@@ -47,18 +49,21 @@ class Readying:
             now = clock.monotonic()
             if (free, registry.version()) == self._looked and now < self._look_again:
                 return  # nothing changed since the last look: no task to make ready
-            entries = registry.held_entries()
+            entries = list(registry.held_entries())
             chosen = (
                 [e for e in entries if not e.ready and not e.busy]
                 if free is None
-                else (readiness.pick(entries, free))
+                else readiness.pick(entries, free)
             )
-            for entry in chosen:
-                registry.set_ready(entry, True)
+            pairs = [] if free is None else readiness.swaps(entries, free, _may_unready)
+            earlier, later = [e for e, _ in pairs], [e for _, e in pairs]
+            for entry in chosen + earlier + later:
+                registry.set_ready(entry, entry not in later)
                 entry.busy = True
             self._looked = (free, registry.version())
             self._look_again = now + readiness.LOOK_AGAIN
-        for entry in chosen:
+        # the earlier ones first: a grant made between two calls goes to one of them
+        for entry in chosen + earlier + later:
             self.attempts.attempt(entry)
 
     def unready_surplus(self) -> None:
@@ -71,9 +76,7 @@ class Readying:
             if free is None:
                 return
             chosen = [
-                e
-                for e in readiness.surplus(registry.held_entries(), free)
-                if isinstance(e.sem, Semaphore)
+                e for e in readiness.surplus(registry.held_entries(), free) if _may_unready(e)
             ]
             for entry in chosen:
                 registry.set_ready(entry, False)
@@ -82,7 +85,7 @@ class Readying:
             self.attempts.attempt(entry)
 
     def queue_starved(self, now: float) -> None:
-        """While other work keeps the pool's queue full, the earliest held task of each
+        """While other work keeps the pool's queue full, the earliest held task in line of each
         semaphore that has not been ready for :data:`..readiness.QUEUE_AFTER` seconds goes to
         the pool to take its turn in that queue (with its place and claim: its body asks for
         the permit as it starts)."""
@@ -92,7 +95,7 @@ class Readying:
             if size is None or not readiness.queued(size, registry.uncounted()):
                 return
             chosen: dict[str, Entry] = {}
-            for entry in registry.held_entries():
+            for entry in sorted(registry.held_entries(), key=lambda e: e.order):
                 if (
                     not entry.ready
                     and not entry.busy
@@ -115,3 +118,9 @@ class Readying:
             # it waits for its permit in the slot: acknowledged when it ends, not as it starts
             acks.hold_until_granted(entry.req)
             self.to_pool.hand_over(entry, "slot")
+
+
+def _may_unready(entry: Entry) -> bool:
+    """May the ready ``entry`` be made not ready?  A group's tasks are always ready (its
+    units are granted together by its own scripts)."""
+    return isinstance(entry.sem, Semaphore)
