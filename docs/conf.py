@@ -69,7 +69,10 @@ nitpick_ignore_regex = [
     (r"py:(class|exc|func|meth|obj|data|mod)", r"(redis|celery|kombu|subprocess)(\..*)?"),
     (r"py:(class|obj|data)", r"(collections\.abc|typing|types|contextlib|enum)\..*"),
     # short names used in signatures and docstrings of the package's internals
-    (r"py:(class|obj)", r"(.*\.)?(LimitSpec|QueueOptions|AttemptOptions|GroupAttemptOptions|WakeHandler|LostCallback|_F|_T)"),
+    (
+        r"py:(class|obj)",
+        r"(.*\.)?(LimitSpec|QueueOptions|AttemptOptions|GroupAttemptOptions|WakeHandler|LostCallback|_F|_T)",
+    ),
     (r"py:mod", r"\.?keys"),
 ]
 
