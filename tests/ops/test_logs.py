@@ -304,15 +304,17 @@ def test_acquire_wait_forced_release_lost_lease_and_release_are_logged(
         assert started_third.wait(20), "the waiting task never got the reclaimed permit"
         assert [h.owner.get("task_id") for h in stray.inspect().holders] == [third.id]
         assert stray.inspect().reclaimed_total == 1  # taken back, not released
-        # Whichever call noticed the expired lease first took it back: the sweep (about once
-        # a second) logs it at WARNING; the waiting task's own next attempt (the gate retries
-        # it as often) takes it back without a log line of its own.
+        # Whichever call noticed the expired lease first took it back, and says so once: the
+        # sweep (about once a second) or an acquire (the stray one above, or the waiting
+        # task's own next attempt) logs it at WARNING.  (A refresh or release script of
+        # another permit may also take it back first: then nobody here says it.)
         found = [
             r
             for r in records.records
             if r.levelno == logging.WARNING
             and "reclaimed 1 permit(s) whose lease" in r.getMessage()
         ]
+        assert len(found) <= 1, [r.getMessage() for r in found]
         for reclaimed in found:
             assert_names(reclaimed, NAME, None)
         finish_third.set()
@@ -325,8 +327,9 @@ def test_acquire_wait_forced_release_lost_lease_and_release_are_logged(
         for r in records.records
         if r.levelno >= logging.WARNING and getattr(r, "semaphore", NAME) in (NAME, None)
     }
-    # (the sweep's reclaim, if the sweep was first: see above)
-    assert {name for name, _ in loud} - {"celery_semaphore.release"} == {
+    # (the reclaim, by the sweep or an acquire, whichever was first: see above)
+    reclaim = {"celery_semaphore.release", "celery_semaphore.semaphore"}
+    assert {name for name, _ in loud} - reclaim == {
         "celery_semaphore.cli",
         "celery_semaphore.heartbeat",
     }, loud
