@@ -27,7 +27,7 @@ from typing import Any
 from .. import logs
 from ._scripts import ScriptSet
 
-__all__ = ["adopt", "ident", "procs_key", "register", "stop"]
+__all__ = ["adopt", "ident", "keep", "procs_key", "register", "stop"]
 
 log = logs.get("semaphore")
 
@@ -112,6 +112,14 @@ def register(scripts: ScriptSet, client: Any, key: str, ttl: float) -> None:
             _thread.start()
     if not known:
         _refresh(record)
+
+
+def keep(client: Any, key_prefix: str, ttl: float) -> object:
+    """Write this process's record for ``key_prefix`` on ``client`` and keep it refreshed
+    while the returned handle lives (a worker keeps its family's for its life)."""
+    scripts = ScriptSet(client)
+    register(scripts, client, procs_key(key_prefix), ttl)
+    return scripts
 
 
 def stop() -> None:

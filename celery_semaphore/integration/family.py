@@ -16,7 +16,6 @@ from typing import Any
 from celery import signals
 
 from ..core import liveness
-from ..core._scripts import ScriptSet
 from . import config
 from .clients import client_for
 
@@ -25,8 +24,8 @@ __all__ = ["DEFAULT_TTL", "liveness_ttl", "start"]
 DEFAULT_TTL = 3.0
 #: the worker's ident, for its pool children (None: no family record in this worker)
 _family: str | None = None
-#: the scripts the family's record is refreshed with (kept alive here)
-_scripts: ScriptSet | None = None
+#: the family's record is refreshed while this handle lives (kept here for the worker's life)
+_record: object = None
 
 
 def liveness_ttl(conf: Any) -> float | None:
@@ -41,14 +40,13 @@ def liveness_ttl(conf: Any) -> float | None:
 def start(app: Any) -> None:
     """In the worker's main process, before the pool forks: write the family's record and
     keep it refreshed; the pool's children will use it."""
-    global _family, _scripts
+    global _family, _record
     ttl = liveness_ttl(app.conf)
     if ttl is None:
         return
     client = client_for(config.redis_url_for(app.conf), app.conf)
     prefix = config.setting(app.conf, "semaphore_key_prefix", "celery_semaphore")
-    _scripts = ScriptSet(client)  # kept: the record is refreshed while its scripts live
-    liveness.register(_scripts, client, liveness.procs_key(prefix), ttl)
+    _record = liveness.keep(client, prefix, ttl)
     _family = liveness.ident()
     signals.worker_process_init.connect(_in_child, weak=False, dispatch_uid="semaphore-family")
 
