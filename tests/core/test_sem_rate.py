@@ -98,7 +98,12 @@ def test_processes_never_start_more_than_the_rate_in_any_window(
     # the rate was the constraint the whole time: about RATE.count per period, never more
     assert most_in_window(stamps, RATE.period_seconds - SLACK) <= RATE.count
     expected = RUN_FOR / RATE.period_seconds * RATE.count
-    assert 0.6 * expected <= len(stamps) <= expected + RATE.count, len(stamps)
+    # each process starts for RUN_FOR from its own start, and spawned processes start up to
+    # seconds apart on a loaded machine: the starts span longer than RUN_FOR (67 starts over
+    # about 3.3 s once), so the most allowed is counted over the span they cover
+    span = max(stamps) - min(stamps)
+    allowed = (span / RATE.period_seconds + 1) * RATE.count
+    assert 0.6 * expected <= len(stamps) <= allowed, (len(stamps), span)
     assert sum(1 for got in results if got[1]) >= 2  # several processes started bodies
 
 
