@@ -278,8 +278,20 @@ def test_sigkill_main_process_with_standby_loses_nothing(make: Callable[..., Cha
         # whole node dies, so a grant stays visible until its lease ends: the watch sees it)
         ran = started | chaos.watch.ever_held
         never_ran = [tid for tid in report.lost if tid not in ran]
-        if never_ran:  # what a's log says of them, for the failure's message
-            said = [line for line in a.log().splitlines() if any(t in line for t in never_ran)]
+        # a message a's consumer had popped but the transport had not yet recorded as
+        # unacknowledged when a died (celery/celery#7950, as in test_sigkill_whole_node) is lost
+        # before any of our code sees it: no node's log names it; at most one (one BRPOP)
+        seen = _received(a) | _received(b)
+        unseen = [tid for tid in never_ran if tid not in seen]
+        assert len(unseen) <= 1, f"{unseen} lost, never received by any node"
+        never_ran = [tid for tid in never_ran if tid in seen]
+        if never_ran:  # what the logs say of them, for the failure's message
+            said = [
+                line
+                for node in (a, b)
+                for line in node.log().splitlines()
+                if any(t in line for t in never_ran)
+            ]
             (chaos.dir / "a.log").write_text(a.log())
         assert never_ran == [], f"lost without a permit: {never_ran}: {said[-12:]}"
         assert report.counts.max <= chaos.limit
