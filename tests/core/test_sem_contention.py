@@ -29,9 +29,13 @@ def _worker(
     peak: Synchronized[int],
     done: Synchronized[int],
     errors: Synchronized[int],
+    ready: Any,
 ) -> None:
     rng = random.Random(seed)
     sem = Semaphore(name, LIMIT, redis=url, key_prefix=prefix, lease_ttl=30.0)
+    # spawned processes start seconds apart on a loaded machine: they contend only once all
+    # are up (else the first may be done before the last starts, and the limit never binds)
+    ready.wait(timeout=30)
     deadline = time.monotonic() + WORKER_DEADLINE
     try:
         for _ in range(CYCLES):
@@ -44,7 +48,7 @@ def _worker(
             with lock:
                 current.value += 1
                 peak.value = max(peak.value, current.value)
-            time.sleep(rng.uniform(0.001, 0.003))
+            time.sleep(rng.uniform(0.005, 0.015))
             with lock:
                 current.value -= 1
             if not permit.release():
@@ -69,10 +73,22 @@ def test_processes_never_exceed_limit(
     peak: Synchronized[int] = ctx.Value("i", 0, lock=False)
     done: Synchronized[int] = ctx.Value("i", 0, lock=False)
     errors: Synchronized[int] = ctx.Value("i", 0, lock=False)
+    ready = ctx.Barrier(PROCESSES)
     procs = [
         ctx.Process(
             target=_worker,
-            args=(redis_url, key_prefix, "contended", seed, lock, current, peak, done, errors),
+            args=(
+                redis_url,
+                key_prefix,
+                "contended",
+                seed,
+                lock,
+                current,
+                peak,
+                done,
+                errors,
+                ready,
+            ),
             daemon=True,
         )
         for seed in range(PROCESSES)
@@ -82,7 +98,7 @@ def test_processes_never_exceed_limit(
         proc.start()
     try:
         for proc in procs:
-            proc.join(timeout=max(0.1, started + WORKER_DEADLINE + 10 - time.monotonic()))
+            proc.join(timeout=max(0.1, started + WORKER_DEADLINE + 25 - time.monotonic()))
     finally:
         for proc in procs:
             if proc.is_alive():
