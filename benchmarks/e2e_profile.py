@@ -65,7 +65,7 @@ def role_cpu(workers: list[e2e.Worker]) -> dict[str, float]:
     of every thread of them."""
     leaders = {w.process.pid for w in workers}
     tick = os.sysconf("SC_CLK_TCK")
-    out = {"main": 0.0, "child": 0.0, "switches": 0.0}
+    out = {"main": 0.0, "child": 0.0, "switches": 0.0, "main_bg": 0.0, "child_bg": 0.0}
     for pid in (p for p in os.listdir("/proc") if p.isdigit()):
         try:
             with open(f"/proc/{pid}/stat") as f:
@@ -75,8 +75,22 @@ def role_cpu(workers: list[e2e.Worker]) -> dict[str, float]:
         if int(fields[2]) in leaders:
             role = "main" if int(pid) in leaders else "child"
             out[role] += (int(fields[11]) + int(fields[12])) / tick
+            out[role + "_bg"] += _background_cpu(pid) / tick
             out["switches"] += _switches(pid)
     return out
+
+
+def _background_cpu(pid: str) -> int:
+    """Clock ticks of the threads of ``pid`` other than its first (ours, Redis clients')."""
+    total = 0
+    with contextlib.suppress(OSError):
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            if tid == pid:
+                continue
+            with contextlib.suppress(OSError), open(f"/proc/{pid}/task/{tid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+                total += int(fields[11]) + int(fields[12])
+    return total
 
 
 def _switches(pid: str) -> int:
@@ -288,7 +302,9 @@ def report(pool: str, results: dict[str, dict[str, Any]], top: int) -> None:
             f"  {case:8s}: {n} tasks, {'complete' if res['done'] else 'INCOMPLETE'} in "
             f"{res['elapsed']:.2f} s; worker CPU ms/task{res['label']}: main "
             f"{cpu['main'] * 1000 / n:.2f}, children {cpu['child'] * 1000 / n:.2f}, total "
-            f"{(cpu['main'] + cpu['child']) * 1000 / n:.2f}; worker log lines "
+            f"{(cpu['main'] + cpu['child']) * 1000 / n:.2f} (in threads other than the "
+            f"first: main {cpu['main_bg'] * 1000 / n:.2f}, children "
+            f"{cpu['child_bg'] * 1000 / n:.2f}); worker log lines "
             f"{res['log_lines']}, of them 'waits (limit' INFO lines {res['waits_logged']}"
         )
         idle = res["idle_cpu"]

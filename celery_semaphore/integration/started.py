@@ -66,8 +66,7 @@ def on_received(request: Any = None, **_: Any) -> None:
     if request is None or not getattr(request.task, _LIMITED, False):
         return
     request.request_dict.pop(EVENT_KEY, None)  # never trusted from a message
-    eventer = getattr(request, "_eventer", None)
-    if not (eventer is not None and eventer.enabled and request.task.send_events):
+    if not (_sends_task_events(getattr(request, "_eventer", None)) and request.task.send_events):
         return
     request.request_dict[EVENT_KEY] = True
     send = request.send_event
@@ -78,6 +77,15 @@ def on_received(request: Any = None, **_: Any) -> None:
         return send(type, **fields)
 
     request.send_event = send_event
+
+
+def _sends_task_events(eventer: Any) -> bool:
+    """Does the worker send task events (``-E``, ``worker_send_task_events``)?  Its dispatcher
+    is enabled without them too (for worker heartbeats), limited to the ``worker`` group."""
+    if eventer is None or not eventer.enabled:
+        return False
+    groups = getattr(eventer, "groups", None)
+    return not groups or "task" in groups
 
 
 def _starts_at_once(request_dict: Any) -> bool:

@@ -162,3 +162,25 @@ def test_tasks_sent_ahead_to_stand_by_are_started_once(env: Env, monitor: Monito
         assert not early, f"said started before its body began (s): {early}"
     finally:
         worker.stop()
+
+
+def test_without_task_events_a_standby_sends_no_task_started(env: Env, monitor: Monitor) -> None:
+    """Without ``-E`` (``worker_send_task_events`` off) Celery sends no task events, though
+    the worker's event dispatcher is on (for its heartbeats, limited to the ``worker`` group):
+    a task that stood by sends none either.  Before, its body sent ``task-started`` through a
+    connection of its own, in every pool child it ran in."""
+    env.limit = 1
+    env.extra.update(semaphore_worker_standby=2)
+    worker = start_worker(env, pool="prefork", concurrency=4)
+    app = env.client_app()
+    try:
+        wait_until(lambda: monitor.from_host(worker.name), 30, what="the worker's events arrive")
+        tags = [f"t{i}" for i in range(10)]
+        results = [app.send_task(proj.work_how.name, (tag, 0.3)) for tag in tags]
+        assert [r.get(timeout=60) for r in results] == tags
+        hows = dict(item.split(":", 1) for item in ledger(env, "how"))
+        assert "standby" in hows.values(), hows  # some did stand by
+        assert monitor.events("task-started") == []
+        assert monitor.events("task-received") == []  # Celery's own: none without -E
+    finally:
+        worker.stop()
