@@ -353,9 +353,8 @@ function F.release_holder(token, held, claim, tomb_ms, hold_avg, timed, limit)
   return 1
 end
 
--- The functions of the slower paths (waiting in line, partitions, rates, adaptive limits,
--- reclaiming, wake-ups): made on first use, see F above.
-local function define_rest()
+-- Liveness (docs/concepts.md, "Liveness"): every acquire and release of a worker's tasks
+-- reads and writes it, so its functions are made at every run, with the fast paths'.
 
 -- The state's 'live' field (`raw`, JSON) into live and live_of; with K_PROCS, the idents whose
 -- record has expired (or is gone) into dead.  One ZSCORE per process holding units here.
@@ -409,6 +408,23 @@ function F.live_drop(token)
   F.store_live()
 end
 
+-- acquire.lua's liveness argument ("<ttl ms> <ident>", '' for none): the caller's record is
+-- written (extended, never shortened) before it is granted anything, and its grants are
+-- recorded under its ident.  Without K_PROCS (liveness off, or a Redis Cluster) nothing.
+function F.live_caller(arg)
+  if not K_PROCS or arg == nil or arg == '' then return end
+  local ttl, ident = string.match(arg, '^(%d+) (%S+)$')
+  if not ttl then return end
+  local until_ms = now + tonumber(ttl)
+  local score = tonumber(redis.call('ZSCORE', K_PROCS, ident))
+  if not score or score < until_ms then redis.call('ZADD', K_PROCS, until_ms, ident) end
+  grant_ident = ident
+end
+
+-- The functions of the slower paths (waiting in line, partitions, rates, adaptive limits,
+-- reclaiming, wake-ups): made on first use, see F above.
+local function define_rest()
+
 -- The holders of the processes in `dead` are reclaimed now (at most 64 per call, the next call
 -- continues), as an expired lease is, and counted in the state's 'died'; the dead records are
 -- removed from K_PROCS (absent means dead: see K_PROCS).
@@ -427,20 +443,6 @@ function F.reclaim_dead(vals, ...)
   died = died + reclaimed - before
   if reclaimed > before then redis.call('HINCRBY', K_STATE, 'died', reclaimed - before) end
 end
-
--- acquire.lua's liveness argument ("<ttl ms> <ident>", '' for none): the caller's record is
--- written (extended, never shortened) before it is granted anything, and its grants are
--- recorded under its ident.  Without K_PROCS (liveness off, or a Redis Cluster) nothing.
-function F.live_caller(arg)
-  if not K_PROCS or arg == nil or arg == '' then return end
-  local ttl, ident = string.match(arg, '^(%d+) (%S+)$')
-  if not ttl then return end
-  local until_ms = now + tonumber(ttl)
-  local score = tonumber(redis.call('ZSCORE', K_PROCS, ident))
-  if not score or score < until_ms then redis.call('ZADD', K_PROCS, until_ms, ident) end
-  grant_ident = ident
-end
-
 
 function F.use(i)
   if i == current then return end
