@@ -23,6 +23,7 @@ from .cli_text import (
     limit_lines,
     limit_text,
     line_full_text,
+    liveness_text,
     partition_line,
     partition_name,
     policy_lines,
@@ -252,7 +253,8 @@ def _holding(r: Mapping[str, Any]) -> str:
         f"task {cell(r['task_id'])} ({cell(h['task'] or '?')}) holds semaphore "
         f"{r['name']!r}: token {cell(h['token'])}, {h['weight']} unit(s), for "
         f"{duration(h['age'])} on {cell(h['host'])} (pid {cell(h['pid'])}), lease left "
-        f"{duration(h['lease_left'])}.\nIt is not waiting for this semaphore."
+        f"{duration(h['lease_left'])}, liveness: {liveness_text(h)}.\nIt is not waiting for "
+        "this semaphore."
     )
 
 
@@ -315,7 +317,7 @@ def _ahead_table(ahead: Sequence[Mapping[str, Any]]) -> str:
 
 def _holding_now_table(holders: Sequence[Mapping[str, Any]]) -> str:
     return table(
-        ["TASK ID", "TASK", "HOST", "WEIGHT", "AGE", "LEASE LEFT"],
+        ["TASK ID", "TASK", "HOST", "WEIGHT", "AGE", "LEASE LEFT", "LIVENESS"],
         [
             [
                 h["task_id"],
@@ -324,6 +326,7 @@ def _holding_now_table(holders: Sequence[Mapping[str, Any]]) -> str:
                 h["weight"],
                 duration(h["age"]),
                 duration(h["lease_left"]),
+                liveness_text(h),
             ]
             for h in holders
         ],

@@ -108,3 +108,15 @@ def test_show_says_a_dead_process_holders_come_back(
     assert "t-dead" not in after.stdout
     assert "0 lease(s) expired and taken back, 1 permit(s) of dead processes" in after.stdout
     assert json.loads(cli("show", NAME, "--json").stdout)["died_total"] == 1
+
+
+def test_explain_gives_a_holder_liveness(cli: Cli, holders: Any) -> None:
+    """``explain`` of a holding task says whether its process is alive; its table of holders
+    (for a waiting task) has the same column as ``show``."""
+    alive = cli("explain", "t-alive", "--name", NAME)
+    assert alive.exit_code == 0, alive.output
+    assert re.search(r"liveness: alive \(record expires in (2\d|30)\.\ds\)\.", alive.stdout)
+    dead = cli("explain", "t-dead", "--name", NAME).stdout
+    assert_safe(dead)
+    assert re.search(r"liveness: process record expired \d\.\ds ago: reclaimed at the next", dead)
+    assert "liveness: -." in cli("explain", "t-plain", "--name", NAME).stdout
