@@ -470,6 +470,24 @@ def _until(driver: Any, predicate: Callable[[Any], Any], what: str, timeout: flo
     return WebDriverWait(driver, timeout, poll_frequency=0.1).until(predicate, message=what)
 
 
+def _click(driver: Any, css: str, text: str | None = None, what: str = "a link") -> None:
+    """Click the element ``css`` (with ``text``, if given), found again if the page re-renders
+    it between the look-up and the click (its lists refresh every few seconds)."""
+    from selenium.common.exceptions import StaleElementReferenceException
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    def click(d: Any) -> bool:
+        found = [e for e in d.find_elements("css selector", css) if text is None or e.text == text]
+        if not found:
+            return False
+        found[0].click()
+        return True
+
+    WebDriverWait(
+        driver, 10, poll_frequency=0.1, ignored_exceptions=(StaleElementReferenceException,)
+    ).until(click, message=what)
+
+
 def _texts(driver: Any, css: str) -> list[str]:
     from selenium.common.exceptions import StaleElementReferenceException
 
@@ -510,9 +528,7 @@ def test_browser_shows_a_markup_name_as_text(browser: Any, site: Site) -> None:
     assert browser.execute_script("return document.images.length") == 0
     assert "Actions are on" in browser.find_element("id", "actions-note").text
     # its detail page, reached by the link
-    links = browser.find_elements("css selector", "a.sem-link")
-    link = next(e for e in links if e.text == SCRIPT_NAME)
-    link.click()
+    _click(browser, "a.sem-link", SCRIPT_NAME, "the markup name's link")
     _until(browser, lambda d: SCRIPT_NAME in _texts(d, "#title code"), "the detail's title")
     _no_alert(browser)
     assert browser.title == "celery-semaphore"
@@ -545,7 +561,7 @@ def test_browser_shows_a_holder_come_and_go_and_a_waiters_place(
     browser.get(site.url + "/#/s/web")
     _until(browser, lambda d: _texts(d, "tr.waiter"), "the detail page again")
     # explain b, from the link in its row: the CLI's text
-    browser.find_element("css selector", f'tr.waiter[data-task-id="{b}"] a.task-link').click()
+    _click(browser, f'tr.waiter[data-task-id="{b}"] a.task-link', what="the waiter's link")
     _until(browser, lambda d: "place in line: 0" in " ".join(_texts(d, "pre.explain")), "why")
     assert a in " ".join(_texts(browser, "pre.explain"))  # holding now
     # why it waits, in one sentence first, above the facts
