@@ -296,17 +296,29 @@ def test_a_forced_release_is_counted_as_a_reclaim_and_an_expired_lease_is_not(
     assert lost_tasks >= {"t-forced", "t-expired"}
 
 
-def test_a_failed_refresh_is_tried_again_within_a_second_and_said_once(
-    redis_server: RedisServer, key_prefix: str, heartbeat_records: LogRecords
-) -> None:
-    """A refresh that fails (Redis unreachable) is tried again a second later, not a whole
-    interval later: a body whose permit was taken back while its node was cut off learns it
-    about a second after Redis answers again.  The failure is logged once at WARNING."""
+@pytest.fixture
+def cut_off(redis_server: RedisServer, key_prefix: str) -> Iterator[tuple[Proxy, Semaphore]]:
+    """A semaphore (limit 1, lease 60 s) whose Redis is reached through a proxy that a test
+    can make refuse connections (a node cut off), and the proxy."""
     proxy = Proxy(redis_server.port, redis_server.host)
     client = redis.Redis.from_url(
         proxy.url(0), socket_connect_timeout=0.2, retry=Retry(NoBackoff(), 0)
     )
-    sem = Semaphore("hb-retry", 1, redis=client, key_prefix=key_prefix, lease_ttl=60)
+    try:
+        yield proxy, Semaphore("hb-cut", 1, redis=client, key_prefix=key_prefix, lease_ttl=60)
+    finally:
+        proxy.set_mode("pass")
+        client.close()
+        proxy.close()
+
+
+def test_a_failed_refresh_is_tried_again_within_a_second_and_said_once(
+    cut_off: tuple[Proxy, Semaphore], heartbeat_records: LogRecords
+) -> None:
+    """A refresh that fails (Redis unreachable) is tried again a second later, not a whole
+    interval later: a body whose permit was taken back while its node was cut off learns it
+    about a second after Redis answers again.  The failure is logged once at WARNING."""
+    proxy, sem = cut_off
     beat = Heartbeat()
     permit = sem.acquire(blocking=False)
     assert permit is not None
@@ -331,25 +343,16 @@ def test_a_failed_refresh_is_tried_again_within_a_second_and_said_once(
         beat.unregister(permit)
         proxy.set_mode("pass")
         permit.release()
-        client.close()
-        proxy.close()
 
 
 def test_leases_are_refreshed_at_once_when_their_redis_answers_again(
-    redis_server: RedisServer,
-    redis_client: redis.Redis,
-    key_prefix: str,
-    heartbeat_records: LogRecords,
+    cut_off: tuple[Proxy, Semaphore], redis_client: redis.Redis, heartbeat_records: LogRecords
 ) -> None:
     """Cut off from Redis, a process cannot learn that its permit was taken meanwhile (as a
     dead process's is, once its liveness record expires); it learns it at the first refresh
     after Redis is back.  That refresh comes as soon as a sweep finds Redis answering, not at
     the lease's next interval (30 s here)."""
-    proxy = Proxy(redis_server.port, redis_server.host)
-    client = redis.Redis.from_url(
-        proxy.url(0), socket_connect_timeout=0.2, retry=Retry(NoBackoff(), 0)
-    )
-    sem = Semaphore("hb-back", 1, redis=client, key_prefix=key_prefix, lease_ttl=60)
+    proxy, sem = cut_off
     beat = Heartbeat()
     permit = sem.acquire(blocking=False)
     assert permit is not None
@@ -366,6 +369,3 @@ def test_leases_are_refreshed_at_once_when_their_redis_answers_again(
         assert time.monotonic() - back < 3.0
     finally:
         beat.unregister(permit)
-        proxy.set_mode("pass")
-        client.close()
-        proxy.close()

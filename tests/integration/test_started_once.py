@@ -128,6 +128,26 @@ def test_a_waiting_task_is_started_once_when_its_body_runs(
         worker.stop()
 
 
+def _ten_tasks(
+    env: Env, monitor: Monitor, worker: Any, seconds: float
+) -> tuple[list[str], list[Any]]:
+    """Once the worker's events reach ``monitor``: ten ``work_how`` tasks of ``seconds`` each,
+    sent and done; their tags and results."""
+    app = env.client_app()
+    wait_until(lambda: monitor.from_host(worker.name), 30, what="the worker's events arrive")
+    tags = [f"t{i}" for i in range(10)]
+    results = [app.send_task(proj.work_how.name, (tag, seconds)) for tag in tags]
+    assert [r.get(timeout=60) for r in results] == tags
+    return tags, results
+
+
+def _hows(env: Env) -> dict[str, str]:
+    """How each task got its permit, by tag; some must have stood by."""
+    hows = dict(item.split(":", 1) for item in ledger(env, "how"))
+    assert "standby" in hows.values(), hows  # some did stand by
+    return hows
+
+
 def test_tasks_sent_ahead_to_stand_by_are_started_once(env: Env, monitor: Monitor) -> None:
     """A task the gate sends ahead into a free slot (standby) is accepted there before its
     grant: its task-started event comes from its body, once, as it starts (not as the slot
@@ -135,20 +155,15 @@ def test_tasks_sent_ahead_to_stand_by_are_started_once(env: Env, monitor: Monito
     env.limit = 1
     env.extra.update(task_track_started=True, semaphore_worker_standby=2)
     worker = start_worker(env, pool="prefork", concurrency=4, extra_args=["-E"])
-    app = env.client_app()
     try:
-        wait_until(lambda: monitor.from_host(worker.name), 30, what="the worker's events arrive")
-        tags = [f"t{i}" for i in range(10)]
-        results = [app.send_task(proj.work_how.name, (tag, 0.5)) for tag in tags]
-        assert [r.get(timeout=60) for r in results] == tags
+        tags, results = _ten_tasks(env, monitor, worker, 0.5)
         ids = {r.id for r in results}
         wait_until(
             lambda: ids <= {e["uuid"] for e in monitor.events("task-succeeded")},
             10,
             what="the last events arrive",
         )
-        hows = dict(item.split(":", 1) for item in ledger(env, "how"))
-        assert "standby" in hows.values(), hows  # some did stand by
+        hows = _hows(env)
         events = monitor.events("task-started")
         started = Counter(e["uuid"] for e in events)
         assert {started[i] for i in ids} == {1}, started
@@ -172,14 +187,9 @@ def test_without_task_events_a_standby_sends_no_task_started(env: Env, monitor: 
     env.limit = 1
     env.extra.update(semaphore_worker_standby=2)
     worker = start_worker(env, pool="prefork", concurrency=4)
-    app = env.client_app()
     try:
-        wait_until(lambda: monitor.from_host(worker.name), 30, what="the worker's events arrive")
-        tags = [f"t{i}" for i in range(10)]
-        results = [app.send_task(proj.work_how.name, (tag, 0.3)) for tag in tags]
-        assert [r.get(timeout=60) for r in results] == tags
-        hows = dict(item.split(":", 1) for item in ledger(env, "how"))
-        assert "standby" in hows.values(), hows  # some did stand by
+        _ten_tasks(env, monitor, worker, 0.3)
+        _hows(env)
         assert monitor.events("task-started") == []
         assert monitor.events("task-received") == []  # Celery's own: none without -E
     finally:
