@@ -15,7 +15,8 @@ cases, not absolute values).  The profiles and the command counts cover the meas
 the run only (after the warm-up, until every body was recorded).
 
 Prints, per pool: worker CPU ms per task by process (main: consumer, hub, gate; children:
-prefork pool processes) measured from /proc without the profiler's share removed; Redis
+prefork pool processes) measured from /proc without the profiler's share removed, and of it
+the share of threads other than each process's first (the gate's threads, heartbeats); Redis
 commands per task by command; and the functions whose CPU grew most from ``off`` to ``b``.
 """
 
